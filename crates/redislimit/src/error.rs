@@ -1,0 +1,152 @@
+//! Errors: one enum for everything an acquire or a penalty can fail with.
+
+use std::time::Duration;
+
+/// A boxed error from a backend (Redis, a pool), kept as the `source()` of
+/// [`Error::Unavailable`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything a [`Limiter`](crate::Limiter) can fail with.
+///
+/// Only [`Error::Unavailable`] means "the limiter could not decide"; a
+/// [`FallbackLimiter`](crate::FallbackLimiter)-style wrapper re-runs the acquire
+/// on an in-process limiter for that variant and for no other.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The backend that holds the shared pacing state could not be used:
+    /// connection refused, timeout, a script error, a reply of the wrong shape
+    /// or corrupted state at a key. Nothing was admitted.
+    #[error("pacing backend unavailable during {op}: {source}")]
+    Unavailable {
+        /// The operation that failed.
+        op: Op,
+        /// What went wrong, as the backend reported it.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The wait the limiter needs is longer than what is left of the caller's
+    /// deadline. Returned at once, without sleeping the budget out.
+    #[error("waiting {wait:?} for {host} exceeds the remaining budget of {remaining:?}")]
+    WaitBudget {
+        /// The host that had to be waited for.
+        host: String,
+        /// How long the wait would have been (at least; when other requests
+        /// queue ahead it is a lower bound).
+        wait: Duration,
+        /// How much of the caller's deadline was left when the limiter gave up.
+        remaining: Duration,
+    },
+
+    /// The URL could not be parsed, or it has no host to pace (`mailto:`,
+    /// `file:///`, `data:` ...).
+    #[error("cannot pace {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// Why no host key could be taken from it.
+        reason: &'static str,
+    },
+
+    /// The pacing configuration was refused at construction.
+    #[error(transparent)]
+    InvalidConfig(#[from] ConfigError),
+}
+
+impl Error {
+    /// Wraps a backend failure of `op` as [`Error::Unavailable`].
+    pub fn unavailable(op: Op, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            op,
+            source: source.into(),
+        }
+    }
+
+    /// True for [`Error::Unavailable`]: the limiter could not decide, and a
+    /// fallback may.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+}
+
+/// The operation of a limiter that an error or a hook refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Waiting for admission.
+    Acquire,
+    /// Returning a permit.
+    Release,
+    /// Extending a lease that is still held.
+    Renew,
+    /// Holding a host back (Retry-After).
+    Penalize,
+}
+
+impl Op {
+    /// The operation's name as used in hooks, metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Release => "release",
+            Self::Renew => "renew",
+            Self::Penalize => "penalize",
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pacing configuration that was refused, and why.
+///
+/// Anything that would silently switch pacing off, or that the Redis scripts
+/// could not represent exactly, is refused here rather than enforced
+/// approximately.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `quota` was set without a `window` to count it in.
+    #[error("quota {quota} has no window: set a window for it")]
+    QuotaWithoutWindow {
+        /// The quota that was given.
+        quota: u32,
+    },
+    /// `window` was set without a `quota` to count in it.
+    #[error("window {window:?} has no quota: set a quota, or drop the window")]
+    WindowWithoutQuota {
+        /// The window that was given.
+        window: Duration,
+    },
+    /// A count that must be at least one was zero.
+    #[error("{field} must be at least 1 (0 would admit nothing or pace nothing)")]
+    Zero {
+        /// The name of the field.
+        field: &'static str,
+    },
+    /// A duration whose microsecond count exceeds 2^53-1, the largest integer
+    /// a Lua number (an IEEE-754 double) holds exactly.
+    #[error("{field} of {value:?} is out of range: at most 2^53-1 microseconds (about 285 years)")]
+    OutOfRange {
+        /// The name of the field.
+        field: &'static str,
+        /// The value that was given.
+        value: Duration,
+    },
+    /// A nonzero duration below one microsecond, the resolution pacing keeps:
+    /// it would round to zero and switch the control off.
+    #[error("{field} of {value:?} is below the 1µs resolution and would round to zero")]
+    BelowResolution {
+        /// The name of the field.
+        field: &'static str,
+        /// The value that was given.
+        value: Duration,
+    },
+    /// Two settings that contradict each other.
+    #[error("{0}")]
+    Conflict(&'static str),
+}

@@ -1,0 +1,86 @@
+//! Hooks: how a limiter tells the caller's metrics what it decided.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{Error, Op};
+
+/// How an acquire ended, as reported to [`Hooks::on_wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WaitOutcome {
+    /// A permit was granted.
+    Acquired,
+    /// The acquire future was dropped while it waited.
+    Canceled,
+    /// The wait was longer than the caller's deadline allowed
+    /// ([`Error::WaitBudget`]).
+    BudgetExceeded,
+}
+
+impl WaitOutcome {
+    /// The outcome's name as used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Canceled => "canceled",
+            Self::BudgetExceeded => "budget_exceeded",
+        }
+    }
+}
+
+impl fmt::Display for WaitOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Callbacks a limiter makes on its decisions; wire them to metrics.
+///
+/// Both methods default to doing nothing, so an implementation overrides
+/// only what it records. They are called on the acquiring task, so they
+/// must be quick and must not block.
+///
+/// [`on_wait`](Self::on_wait) fires exactly once per acquire that reached a
+/// pacing decision. An acquire that fails with [`Error::Unavailable`] made
+/// no decision and fires no `on_wait`: a fallback limiter that re-runs it
+/// reports the wait itself, so nothing is counted twice.
+///
+/// Limiters also emit `tracing` events (target `redislimit`) for the same
+/// moments, so hooks are only needed for metrics.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::time::Duration;
+/// use redislimit::{Hooks, WaitOutcome};
+///
+/// #[derive(Debug, Default)]
+/// struct Waited(AtomicU64);
+///
+/// impl Hooks for Waited {
+///     fn on_wait(&self, _engine: &str, outcome: WaitOutcome, waited: Duration) {
+///         if outcome == WaitOutcome::Acquired {
+///             self.0.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+///         }
+///     }
+/// }
+/// ```
+pub trait Hooks: Send + Sync + fmt::Debug {
+    /// An acquire for `engine` ended with `outcome` after `waited`.
+    fn on_wait(&self, engine: &str, outcome: WaitOutcome, waited: Duration) {
+        let _ = (engine, outcome, waited);
+    }
+
+    /// `op` failed with `error`. For a release, a renewal or a penalty this
+    /// is the only place the failure is reported: those run off the
+    /// caller's path.
+    fn on_error(&self, op: Op, error: &Error) {
+        let _ = (op, error);
+    }
+}
+
+/// Hooks that record nothing; the default of every limiter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHooks;
+
+impl Hooks for NoHooks {}

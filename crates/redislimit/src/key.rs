@@ -1,0 +1,176 @@
+//! Host keys: the name a URL is paced under.
+
+use std::fmt;
+use std::sync::Arc;
+
+use url::{Host, Url};
+
+use crate::Error;
+
+/// The host a request is paced under.
+///
+/// It is the host of the URL as the [`url`] crate normalises it (IDNA to
+/// punycode, percent-decoding), lower-cased, with trailing dots removed.
+/// The port and the scheme are not part of it: `https://example.com:8443/`
+/// and `http://EXAMPLE.com./` are the same host. IPv4 addresses appear in
+/// dotted form, IPv6 addresses in brackets (`[::1]`).
+///
+/// Cloning is cheap (a reference count).
+///
+/// ```
+/// use redislimit::HostKey;
+///
+/// let key = HostKey::parse("https://Bücher.Example.:8443/path").unwrap();
+/// assert_eq!(key.as_str(), "xn--bcher-kva.example");
+/// assert!(HostKey::parse("mailto:someone@example.com").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostKey(Arc<str>);
+
+impl HostKey {
+    /// The host key of a parsed URL, or [`Error::InvalidUrl`] when it has
+    /// no host.
+    pub fn from_url(url: &Url) -> Result<Self, Error> {
+        let invalid = |reason| Error::InvalidUrl {
+            url: url.as_str().to_owned(),
+            reason,
+        };
+        match url.host() {
+            None => Err(invalid("the URL has no host")),
+            Some(Host::Ipv4(addr)) => Ok(Self(addr.to_string().into())),
+            Some(Host::Ipv6(addr)) => Ok(Self(format!("[{addr}]").into())),
+            Some(Host::Domain(name)) => {
+                let name = name.trim_end_matches('.');
+                if name.is_empty() {
+                    return Err(invalid("the URL's host is empty"));
+                }
+                Ok(Self(name.to_ascii_lowercase().into()))
+            }
+        }
+    }
+
+    /// Parses `url` and takes its host key.
+    pub fn parse(url: &str) -> Result<Self, Error> {
+        let parsed = Url::parse(url).map_err(|_| Error::InvalidUrl {
+            url: url.to_owned(),
+            reason: "the URL does not parse",
+        })?;
+        Self::from_url(&parsed)
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for HostKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for HostKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for HostKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<&Url> for HostKey {
+    type Error = Error;
+
+    fn try_from(url: &Url) -> Result<Self, Error> {
+        Self::from_url(url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(url: &str) -> String {
+        HostKey::parse(url).unwrap().as_str().to_owned()
+    }
+
+    #[test]
+    fn upper_case_is_folded() {
+        assert_eq!(key("https://WWW.Example.COM/A/B"), "www.example.com");
+        // Non-special schemes keep the host's case in `url`; the key does not.
+        assert_eq!(key("foo://ExAmPle.org/x"), "example.org");
+    }
+
+    #[test]
+    fn idna_becomes_punycode() {
+        assert_eq!(key("http://bücher.example/"), "xn--bcher-kva.example");
+        assert_eq!(key("http://BÜCHER.example/"), "xn--bcher-kva.example");
+        assert_eq!(
+            key("http://xn--bcher-kva.example/"),
+            "xn--bcher-kva.example"
+        );
+    }
+
+    #[test]
+    fn trailing_dots_are_removed() {
+        assert_eq!(key("http://example.com./"), "example.com");
+        assert_eq!(key("http://example.com../"), "example.com");
+        assert_eq!(
+            HostKey::parse("http://example.com./").unwrap(),
+            HostKey::parse("http://example.com/").unwrap()
+        );
+    }
+
+    #[test]
+    fn port_and_scheme_are_not_part_of_the_key() {
+        let plain = HostKey::parse("http://example.com/").unwrap();
+        assert_eq!(HostKey::parse("https://example.com:8443/").unwrap(), plain);
+        assert_eq!(
+            HostKey::parse("http://example.com:80/x?y#z").unwrap(),
+            plain
+        );
+        assert_eq!(
+            HostKey::parse("ws://user:pw@example.com:1/").unwrap(),
+            plain
+        );
+    }
+
+    #[test]
+    fn ip_literals() {
+        assert_eq!(key("http://127.0.0.1:8080/"), "127.0.0.1");
+        assert_eq!(key("http://[::1]:8080/"), "[::1]");
+        assert_eq!(key("http://[0:0:0:0:0:0:0:1]/"), "[::1]");
+        assert_eq!(key("http://[2001:DB8::A]/"), "[2001:db8::a]");
+        // A decimal IPv4 form is normalised by `url` before it reaches us.
+        assert_eq!(key("http://2130706433/"), "127.0.0.1");
+    }
+
+    #[test]
+    fn urls_without_a_host_are_refused() {
+        for url in [
+            "mailto:someone@example.com",
+            "file:///etc/hosts",
+            "data:text/plain,hello",
+            "unix:/run/socket",
+            "http://./",
+            "not a url",
+            "",
+        ] {
+            match HostKey::parse(url) {
+                Err(Error::InvalidUrl { url: given, .. }) => assert_eq!(given, url),
+                other => panic!("{url:?} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn display_and_debug() {
+        let k = HostKey::parse("http://Example.com/").unwrap();
+        assert_eq!(k.to_string(), "example.com");
+        assert_eq!(format!("{k:?}"), "\"example.com\"");
+    }
+}

@@ -1,0 +1,56 @@
+//! Per-host pacing of outbound HTTP requests.
+//!
+//! A crawler or an API client sends requests to many hosts and must pace
+//! each host politely: a few requests in flight, a gap between sends, a
+//! quota per window, and a pause when the host answers `Retry-After`.
+//! `redislimit` decides *when* a request to a host may go out; the
+//! `redislimit-reqwest` and `redislimit-tower` crates apply it to HTTP
+//! clients.
+//!
+//! - [`Pacing`] holds the per-host controls, validated at construction.
+//! - [`Limiter`] is the trait every backend implements: `acquire` waits for
+//!   a [`Permit`], `penalize` holds a host back.
+//! - [`DomainLimiter`] paces within one process.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redislimit::{DomainLimiter, Limiter, Pacing};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let pacing = Pacing::builder()
+//!         .max_concurrent(2)
+//!         .min_delay(Duration::from_millis(20))
+//!         .build()?;
+//!     let limiter = DomainLimiter::new(pacing);
+//!
+//!     for path in ["/", "/about", "/contact"] {
+//!         let url = format!("https://example.com{path}").parse()?;
+//!         let permit = limiter.acquire("crawler", &url, None).await?;
+//!         println!("{url} may go now (waited {:?})", permit.waited());
+//!         // Send the request and read its body while holding the permit;
+//!         // dropping it marks the request complete.
+//!         drop(permit);
+//!     }
+//!     Ok(())
+//! }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod error;
+mod hooks;
+mod key;
+mod limiter;
+mod local;
+mod pacing;
+
+pub use self::{
+    error::{BoxError, ConfigError, Error, Op},
+    hooks::{Hooks, NoHooks, WaitOutcome},
+    key::HostKey,
+    limiter::{BoxFuture, Limiter, Permit},
+    local::DomainLimiter,
+    pacing::{MAX_MICROS, Pacing, PacingBuilder, micros},
+};
+pub use url::Url;

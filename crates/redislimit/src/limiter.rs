@@ -1,0 +1,209 @@
+//! The `Limiter` trait every pacing backend implements, and the `Permit` it grants.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use url::Url;
+
+use crate::{Error, HostKey};
+
+/// A boxed, `Send` future, as the object-safe [`Limiter`] methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Paces requests per host.
+///
+/// Implemented by [`DomainLimiter`](crate::DomainLimiter) (in-process) and by
+/// the Redis-backed limiter; usable as `Arc<dyn Limiter>`, which is how the
+/// middleware crates hold one.
+///
+/// Cancellation is dropping the future returned by [`acquire`](Self::acquire):
+/// a dropped acquire leaves nothing booked and frees its place in the queue.
+///
+/// ```
+/// use std::sync::Arc;
+/// use redislimit::{DomainLimiter, Limiter, Pacing};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), redislimit::Error> {
+/// let limiter: Arc<dyn Limiter> = Arc::new(DomainLimiter::new(Pacing::default()));
+/// let url = "https://example.com/robots.txt".parse().unwrap();
+/// let permit = limiter.acquire("docs", &url, None).await?;
+/// assert_eq!(permit.host().as_str(), "example.com");
+/// // ... send the request and read the body, then:
+/// permit.release();
+/// # Ok(()) }
+/// ```
+pub trait Limiter: Send + Sync + fmt::Debug {
+    /// Waits until a request to `host` may be sent.
+    ///
+    /// `engine` labels the caller in hooks and logs. With a `deadline`, a
+    /// wait that would end after it fails at once with
+    /// [`Error::WaitBudget`] instead of sleeping the budget out.
+    fn acquire_host<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Permit, Error>>;
+
+    /// Holds `host` back for `hold` (capped by the configured maximum
+    /// penalty), counted from now. It only ever extends a hold; it never
+    /// shortens one already in place. A zero `hold` does nothing.
+    fn penalize_host<'a>(
+        &'a self,
+        host: HostKey,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// [`acquire_host`](Self::acquire_host) for the host of `url`; a URL
+    /// without a host fails with [`Error::InvalidUrl`].
+    fn acquire<'a>(
+        &'a self,
+        engine: &'a str,
+        url: &Url,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
+        match HostKey::from_url(url) {
+            Ok(host) => self.acquire_host(engine, host, deadline),
+            Err(err) => Box::pin(std::future::ready(Err(err))),
+        }
+    }
+
+    /// [`penalize_host`](Self::penalize_host) for the host of `url`.
+    fn penalize<'a>(&'a self, url: &Url, hold: Duration) -> BoxFuture<'a, Result<(), Error>> {
+        match HostKey::from_url(url) {
+            Ok(host) => self.penalize_host(host, hold),
+            Err(err) => Box::pin(std::future::ready(Err(err))),
+        }
+    }
+}
+
+macro_rules! forward_limiter {
+    ($($ty:ty),*) => {$(
+        impl<L: Limiter + ?Sized> Limiter for $ty {
+            fn acquire_host<'a>(
+                &'a self,
+                engine: &'a str,
+                host: HostKey,
+                deadline: Option<Instant>,
+            ) -> BoxFuture<'a, Result<Permit, Error>> {
+                (**self).acquire_host(engine, host, deadline)
+            }
+
+            fn penalize_host<'a>(
+                &'a self,
+                host: HostKey,
+                hold: Duration,
+            ) -> BoxFuture<'a, Result<(), Error>> {
+                (**self).penalize_host(host, hold)
+            }
+        }
+    )*};
+}
+
+forward_limiter!(Arc<L>, Box<L>, &L);
+
+type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
+
+/// The right to send one request to one host.
+///
+/// The request counts as in flight until the permit is released, by
+/// [`release`](Self::release) or by dropping it, whichever comes first;
+/// release happens exactly once. For HTTP, keep the permit until the
+/// response body has been read to the end or dropped: a slow download is
+/// still a request in flight.
+#[must_use = "dropping a permit releases it at once"]
+pub struct Permit {
+    host: HostKey,
+    waited: Duration,
+    release: Option<ReleaseFn>,
+}
+
+impl Permit {
+    /// A permit for `host` that runs `release` exactly once when released or
+    /// dropped. For implementors of [`Limiter`].
+    pub fn new(
+        host: HostKey,
+        waited: Duration,
+        release: impl FnOnce() + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            host,
+            waited,
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// The host this permit admits a request to.
+    pub fn host(&self) -> &HostKey {
+        &self.host
+    }
+
+    /// How long the acquire waited before this permit was granted.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// Releases the permit now; the same as dropping it.
+    pub fn release(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("host", &self.host)
+            .field("waited", &self.waited)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn counting_permit() -> (Permit, Arc<AtomicUsize>) {
+        let count = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&count);
+        let host = HostKey::parse("http://example.com/").unwrap();
+        let permit = Permit::new(host, Duration::ZERO, move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        });
+        (permit, count)
+    }
+
+    #[test]
+    fn drop_releases_once() {
+        let (permit, count) = counting_permit();
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+        drop(permit);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn explicit_release_releases_once() {
+        let (permit, count) = counting_permit();
+        permit.release();
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn limiter_is_object_safe_and_permit_is_send_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Permit>();
+        assert_send_sync::<Arc<dyn Limiter>>();
+    }
+}

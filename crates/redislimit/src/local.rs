@@ -1,0 +1,8 @@
+//! The in-process limiter: per-host pacing for one process, and the fallback
+//! when the shared backend is unreachable.
+
+mod host;
+mod limiter;
+mod sweep;
+
+pub use self::limiter::DomainLimiter;

@@ -1,0 +1,322 @@
+//! The pacing state of one host and the pure decisions made on it.
+//!
+//! Nothing here reads a clock or waits: every function takes `now`, so the
+//! arithmetic is tested directly (and property-tested) without a runtime.
+//! The Redis scripts make the same decisions on the same state shape.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::Pacing;
+
+/// What the head of a host's queue may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Send now.
+    Admit,
+    /// Nothing may be sent before this instant.
+    WaitUntil(Instant),
+    /// `max_concurrent` requests are in flight: wait for a release.
+    Full,
+}
+
+/// `at + d`, saturating at a far-future instant instead of overflowing.
+pub(crate) fn after(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365 * 300))
+}
+
+/// What one host's pacing remembers.
+#[derive(Debug, Clone)]
+pub(crate) struct HostState {
+    /// Requests admitted and not yet released.
+    in_flight: u32,
+    /// No send before this: the latest of previous send + `min_delay`,
+    /// latest completion + `min_delay` and any penalty. Only moves forward.
+    ready_at: Instant,
+    /// Admission instants still inside the quota window, oldest first; at
+    /// most `quota` of them (older ones can no longer matter).
+    admissions: VecDeque<Instant>,
+}
+
+impl HostState {
+    pub(crate) fn new(now: Instant) -> Self {
+        Self {
+            in_flight: 0,
+            ready_at: now,
+            admissions: VecDeque::new(),
+        }
+    }
+
+    /// Requests in flight.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// The earliest instant the next send may happen, concurrency aside.
+    pub(crate) fn next_send(&self, pacing: &Pacing) -> Instant {
+        let quota = pacing.quota() as usize;
+        match self.admissions.front() {
+            // The oldest of `quota` admissions leaves the window at
+            // `oldest + window`; only then is there room for one more.
+            Some(&oldest) if quota > 0 && self.admissions.len() >= quota => {
+                self.ready_at.max(after(oldest, pacing.window()))
+            }
+            _ => self.ready_at,
+        }
+    }
+
+    /// What the next request in line may do at `now`.
+    pub(crate) fn decide(&self, now: Instant, pacing: &Pacing) -> Decision {
+        if self.in_flight >= pacing.max_concurrent() {
+            return Decision::Full;
+        }
+        let at = self.next_send(pacing);
+        if at > now {
+            Decision::WaitUntil(at)
+        } else {
+            Decision::Admit
+        }
+    }
+
+    /// The earliest a request with `ahead` others in line before it could
+    /// be sent: a lower bound, used to refuse hopeless deadlines at once.
+    pub(crate) fn earliest_for(&self, now: Instant, ahead: usize, pacing: &Pacing) -> Instant {
+        let spacing = pacing
+            .min_delay()
+            .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
+        after(self.next_send(pacing).max(now), spacing)
+    }
+
+    /// Records an admission at `now`.
+    pub(crate) fn admit(&mut self, now: Instant, pacing: &Pacing) {
+        self.in_flight += 1;
+        self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
+        let quota = pacing.quota() as usize;
+        if quota > 0 {
+            if self.admissions.len() >= quota {
+                self.admissions.pop_front();
+            }
+            self.admissions.push_back(now);
+        }
+    }
+
+    /// Records a completion at `now`: the next send waits `min_delay` from it.
+    pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
+    }
+
+    /// Holds the host back until at least `now + hold`; never shortens a
+    /// hold already in place.
+    pub(crate) fn penalize(&mut self, now: Instant, hold: Duration) {
+        self.ready_at = self.ready_at.max(after(now, hold));
+    }
+
+    /// From when on this state constrains nothing (it is equivalent to a
+    /// fresh one), or `None` while requests are in flight.
+    pub(crate) fn idle_at(&self, pacing: &Pacing) -> Option<Instant> {
+        if self.in_flight > 0 {
+            return None;
+        }
+        let quota_free = self
+            .admissions
+            .back()
+            .map(|&last| after(last, pacing.window()));
+        Some(quota_free.map_or(self.ready_at, |q| q.max(self.ready_at)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn pacing(max: u32, delay_ms: u64, quota: u32, window_ms: u64) -> Pacing {
+        Pacing::builder()
+            .max_concurrent(max)
+            .min_delay(MS * delay_ms as u32)
+            .quota(quota)
+            .window(MS * window_ms as u32)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn fresh_state_admits() {
+        let t0 = Instant::now();
+        let p = pacing(1, 100, 0, 0);
+        assert_eq!(HostState::new(t0).decide(t0, &p), Decision::Admit);
+    }
+
+    #[test]
+    fn min_delay_counts_from_send_and_from_completion() {
+        let t0 = Instant::now();
+        let p = pacing(2, 100, 0, 0);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p);
+        assert_eq!(s.decide(t0, &p), Decision::WaitUntil(t0 + 100 * MS));
+        // A completion later than the send pushes the next send further.
+        s.complete(t0 + 50 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 50 * MS, &p),
+            Decision::WaitUntil(t0 + 150 * MS)
+        );
+        assert_eq!(s.decide(t0 + 150 * MS, &p), Decision::Admit);
+    }
+
+    #[test]
+    fn concurrency_cap_reports_full() {
+        let t0 = Instant::now();
+        let p = pacing(1, 0, 0, 0);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p);
+        assert_eq!(s.decide(t0 + MS, &p), Decision::Full);
+        s.complete(t0 + MS, &p);
+        assert_eq!(s.decide(t0 + MS, &p), Decision::Admit);
+    }
+
+    #[test]
+    fn quota_opens_when_the_oldest_admission_leaves_the_window() {
+        let t0 = Instant::now();
+        let p = pacing(10, 0, 2, 1000);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p);
+        s.admit(t0 + 10 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 20 * MS, &p),
+            Decision::WaitUntil(t0 + 1000 * MS)
+        );
+        s.admit(t0 + 1000 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 1000 * MS, &p),
+            Decision::WaitUntil(t0 + 1010 * MS)
+        );
+    }
+
+    #[test]
+    fn penalty_only_extends() {
+        let t0 = Instant::now();
+        let p = pacing(1, 0, 0, 0);
+        let mut s = HostState::new(t0);
+        s.penalize(t0, 500 * MS);
+        s.penalize(t0 + 10 * MS, 100 * MS);
+        assert_eq!(
+            s.decide(t0 + 10 * MS, &p),
+            Decision::WaitUntil(t0 + 500 * MS)
+        );
+        assert_eq!(s.idle_at(&p), Some(t0 + 500 * MS));
+    }
+
+    #[test]
+    fn idle_at_waits_for_the_window_and_for_in_flight() {
+        let t0 = Instant::now();
+        let p = pacing(1, 100, 5, 1000);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p);
+        assert_eq!(s.idle_at(&p), None);
+        s.complete(t0 + 10 * MS, &p);
+        assert_eq!(s.idle_at(&p), Some(t0 + 1000 * MS));
+    }
+
+    #[test]
+    fn earliest_for_adds_one_gap_per_request_ahead() {
+        let t0 = Instant::now();
+        let p = pacing(1, 100, 0, 0);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p);
+        assert_eq!(s.earliest_for(t0, 0, &p), t0 + 100 * MS);
+        assert_eq!(s.earliest_for(t0, 3, &p), t0 + 400 * MS);
+    }
+
+    proptest! {
+        /// Admitting whenever `decide` says so, at any sequence of instants
+        /// and completions, never breaks a rule: in flight <= max, sends
+        /// >= min_delay apart and after completions, <= quota per window.
+        #[test]
+        fn admitting_on_decide_keeps_every_rule(
+            max in 1u32..4,
+            delay_ms in 0u64..50,
+            quota in 0u32..5,
+            window_ms in 1u64..200,
+            steps in proptest::collection::vec((0u64..40, any::<bool>()), 1..200),
+        ) {
+            let window_ms = if quota == 0 { 0 } else { window_ms };
+            let p = pacing(max, delay_ms, quota, window_ms);
+            let t0 = Instant::now();
+            let mut s = HostState::new(t0);
+            let mut now = t0;
+            let mut sends: Vec<Instant> = Vec::new();
+            let mut last_completion: Option<Instant> = None;
+            let mut in_flight = 0u32;
+            for (advance, complete) in steps {
+                now += MS * advance as u32;
+                if complete && in_flight > 0 {
+                    s.complete(now, &p);
+                    in_flight -= 1;
+                    last_completion = Some(now);
+                    continue;
+                }
+                match s.decide(now, &p) {
+                    Decision::Admit => {
+                        prop_assert!(in_flight < max);
+                        if let Some(&prev) = sends.last() {
+                            prop_assert!(now >= prev + p.min_delay());
+                        }
+                        if let Some(done) = last_completion {
+                            prop_assert!(now >= done + p.min_delay());
+                        }
+                        if quota > 0 {
+                            let in_window = sends
+                                .iter()
+                                .filter(|&&t| t + p.window() > now)
+                                .count();
+                            prop_assert!(in_window < quota as usize);
+                        }
+                        s.admit(now, &p);
+                        sends.push(now);
+                        in_flight += 1;
+                    }
+                    Decision::WaitUntil(at) => {
+                        prop_assert!(at > now);
+                        prop_assert!(in_flight < max);
+                    }
+                    Decision::Full => prop_assert_eq!(in_flight, max),
+                }
+                prop_assert_eq!(s.in_flight(), in_flight);
+            }
+        }
+
+        /// Once `idle_at` has passed, the state decides exactly as a fresh
+        /// one would: evicting it loses nothing.
+        #[test]
+        fn idle_state_is_equivalent_to_fresh(
+            delay_ms in 0u64..50,
+            quota in 0u32..4,
+            window_ms in 1u64..200,
+            hold_ms in 0u64..300,
+            sends in 1usize..6,
+        ) {
+            let window_ms = if quota == 0 { 0 } else { window_ms };
+            let p = pacing(8, delay_ms, quota, window_ms);
+            let t0 = Instant::now();
+            let mut s = HostState::new(t0);
+            for i in 0..sends {
+                s.admit(t0 + MS * i as u32, &p);
+            }
+            for i in 0..sends {
+                s.complete(t0 + MS * (i as u32 + 10), &p);
+            }
+            s.penalize(t0, MS * hold_ms as u32);
+            let idle = s.idle_at(&p).unwrap();
+            prop_assert_eq!(s.decide(idle, &p), Decision::Admit);
+            let fresh = HostState::new(idle);
+            prop_assert_eq!(s.next_send(&p).max(idle), fresh.next_send(&p));
+        }
+    }
+}

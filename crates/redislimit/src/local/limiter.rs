@@ -1,0 +1,485 @@
+//! `DomainLimiter`: strict-FIFO, event-driven per-host pacing in one process.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::host::{Decision, HostState, after};
+use super::sweep::{Sweep, SweepSignal};
+use crate::{BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, WaitOutcome};
+
+/// The in-process limiter: paces requests per host within one process.
+///
+/// Per host it keeps at most [`max_concurrent`](Pacing::max_concurrent)
+/// requests in flight, sends each at least
+/// [`min_delay`](Pacing::min_delay) after the previous send *and* after the
+/// latest completion, admits at most [`quota`](Pacing::quota) per sliding
+/// [`window`](Pacing::window), and adds [`jitter`](Pacing::jitter) to every
+/// nonzero wait. Waiters for one host are served strictly first come, first
+/// served.
+///
+/// It is event-driven: a waiter sleeps exactly until its turn can come, or
+/// until a release or a penalty changes it; there is no polling loop and no
+/// task per host. Dropping an acquire future frees its place in line at
+/// once, and the next waiter is served as if it had never been there. A
+/// host's state is forgotten as soon as it constrains nothing any more (no
+/// request in flight, its delays and window elapsed), by one background
+/// task per limiter that sleeps until the next host becomes idle, so a crawl
+/// over millions of hosts holds state only for the recently active ones.
+///
+/// Cloning is cheap and the clones share all state.
+///
+/// ```
+/// use std::time::Duration;
+/// use redislimit::{DomainLimiter, Limiter, Pacing};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), redislimit::Error> {
+/// let pacing = Pacing::builder().min_delay(Duration::from_secs(1)).build()?;
+/// let limiter = DomainLimiter::new(pacing);
+/// let url = "https://example.com/".parse().unwrap();
+///
+/// let first = limiter.acquire("docs", &url, None).await?;
+/// first.release();
+/// let start = tokio::time::Instant::now();
+/// let second = limiter.acquire("docs", &url, None).await?;
+/// assert_eq!(start.elapsed(), Duration::from_secs(1));
+/// # drop(second); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DomainLimiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pacing: Pacing,
+    hooks: Arc<dyn Hooks>,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    next_id: AtomicU64,
+    sweep: Arc<SweepSignal>,
+}
+
+/// One slice of the host map. A `std::sync::Mutex`, not Tokio's: every
+/// critical section is a few map operations and never awaits.
+#[derive(Default)]
+struct Shard {
+    hosts: HashMap<HostKey, Entry>,
+    /// When each idle host may be forgotten; at most one item per host.
+    expiries: BinaryHeap<Reverse<(Instant, HostKey)>>,
+}
+
+struct Entry {
+    state: HostState,
+    /// Waiters in arrival order; only the head ever decides.
+    queue: VecDeque<Waiter>,
+    /// The expiry queued for this host, if any.
+    sweep_at: Option<Instant>,
+}
+
+struct Waiter {
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+/// Hosts one sweep pass removes under one lock before letting others in.
+const SWEEP_BATCH: usize = 4096;
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic cannot leave a shard half-updated in a way later calls trip
+    // over (every update is a few assignments), so poisoning is ignored.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl DomainLimiter {
+    /// An in-process limiter with `pacing` for every host.
+    pub fn new(pacing: Pacing) -> Self {
+        Self::with_hooks(pacing, Arc::new(NoHooks))
+    }
+
+    /// An in-process limiter that reports its decisions to `hooks`.
+    pub fn with_hooks(pacing: Pacing, hooks: Arc<dyn Hooks>) -> Self {
+        let shards = std::thread::available_parallelism()
+            .map_or(4, usize::from)
+            .saturating_mul(4)
+            .next_power_of_two();
+        Self {
+            inner: Arc::new(Inner {
+                pacing,
+                hooks,
+                shards: (0..shards).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                next_id: AtomicU64::new(0),
+                sweep: Arc::new(SweepSignal::new()),
+            }),
+        }
+    }
+
+    /// The pacing this limiter applies to every host.
+    pub fn pacing(&self) -> &Pacing {
+        &self.inner.pacing
+    }
+
+    /// How many hosts this limiter holds state for: those with requests in
+    /// flight or waiting, and those whose delays, penalties or quota window
+    /// have not yet elapsed.
+    pub fn host_count(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).hosts.len()).sum()
+    }
+}
+
+impl fmt::Debug for DomainLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DomainLimiter")
+            .field("pacing", &self.inner.pacing)
+            .field("hooks", &self.inner.hooks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter for DomainLimiter {
+    fn acquire_host<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
+        Box::pin(acquire(&self.inner, engine, host, deadline))
+    }
+
+    fn penalize_host<'a>(
+        &'a self,
+        host: HostKey,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.penalize(host, hold);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// What the loop in [`acquire`] does next.
+enum Step {
+    Admitted,
+    /// Head of the line, host not ready before this instant.
+    Sleep(Instant),
+    /// Behind others, or the host is full: wait for a wake-up. Carries the
+    /// earliest instant a send could happen, for the deadline check.
+    Park(Instant),
+}
+
+async fn acquire(
+    inner: &Arc<Inner>,
+    engine: &str,
+    host: HostKey,
+    deadline: Option<Instant>,
+) -> Result<Permit, Error> {
+    inner.sweep.ensure_running(Arc::downgrade(inner));
+    let pacing = &inner.pacing;
+    let start = Instant::now();
+    let report = Report {
+        hooks: &*inner.hooks,
+        engine,
+        host: &host,
+        start,
+        done: false,
+    };
+    let shard = inner.shard(&host);
+
+    // Fast path: nobody waiting and the host ready. Otherwise join the line.
+    let (id, wake) = {
+        let mut guard = lock(shard);
+        let entry = guard.entry(&host, start);
+        if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
+            entry.state.admit(start, pacing);
+            drop(guard);
+            return Ok(report.admitted(inner, host.clone()));
+        }
+        if let Some(deadline) = deadline {
+            let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);
+            if earliest > deadline {
+                drop(guard);
+                return Err(report.over_budget(earliest, deadline, start));
+            }
+        }
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        entry.queue.push_back(Waiter {
+            id,
+            wake: Arc::clone(&wake),
+        });
+        (id, wake)
+    };
+    let mut place = Place {
+        inner,
+        host: &host,
+        id,
+        queued: true,
+    };
+
+    loop {
+        let now = Instant::now();
+        let step = {
+            let mut guard = lock(shard);
+            let entry = guard.entry(&host, now);
+            match entry.queue.iter().position(|w| w.id == id) {
+                Some(0) => match entry.state.decide(now, pacing) {
+                    Decision::Admit => {
+                        entry.queue.pop_front();
+                        entry.state.admit(now, pacing);
+                        if let Some(next) = entry.queue.front() {
+                            next.wake.notify_one();
+                        }
+                        Step::Admitted
+                    }
+                    Decision::WaitUntil(at) => Step::Sleep(at),
+                    Decision::Full => Step::Park(entry.state.earliest_for(now, 0, pacing)),
+                },
+                Some(ahead) => Step::Park(entry.state.earliest_for(now, ahead, pacing)),
+                // Unreachable while `place` is queued (a host with waiters
+                // is never evicted); rejoining keeps the waiter correct.
+                None => {
+                    entry.queue.push_back(Waiter {
+                        id,
+                        wake: Arc::clone(&wake),
+                    });
+                    Step::Park(now)
+                }
+            }
+        };
+        match step {
+            Step::Admitted => {
+                place.queued = false;
+                return Ok(report.admitted(inner, host.clone()));
+            }
+            Step::Sleep(at) => {
+                let wake_at = match deadline {
+                    Some(deadline) if at > deadline => {
+                        return Err(report.over_budget(at, deadline, now));
+                    }
+                    // Jitter spreads replicas out but never costs the budget.
+                    Some(deadline) => after(now, pacing.jittered(at - now)).min(deadline),
+                    None => after(now, pacing.jittered(at - now)),
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(wake_at) => {}
+                    () = wake.notified() => {}
+                }
+            }
+            Step::Park(earliest) => match deadline {
+                Some(deadline) if earliest > deadline || now >= deadline => {
+                    return Err(report.over_budget(earliest, deadline, now));
+                }
+                Some(deadline) => tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {}
+                    () = wake.notified() => {}
+                },
+                None => wake.notified().await,
+            },
+        }
+    }
+}
+
+impl Inner {
+    fn shard(&self, host: &HostKey) -> &Mutex<Shard> {
+        let hash = self.hasher.hash_one(host.as_str()) as usize;
+        &self.shards[hash & (self.shards.len() - 1)]
+    }
+
+    fn release(&self, host: &HostKey) {
+        let now = Instant::now();
+        let mut guard = lock(self.shard(host));
+        if let Some(entry) = guard.hosts.get_mut(host) {
+            entry.state.complete(now, &self.pacing);
+            if let Some(head) = entry.queue.front() {
+                head.wake.notify_one();
+            }
+        }
+        guard.settle(host, &self.pacing, &self.sweep);
+    }
+
+    fn penalize(self: &Arc<Self>, host: HostKey, hold: Duration) {
+        let hold = hold.min(self.pacing.max_penalty());
+        if hold.is_zero() {
+            return;
+        }
+        self.sweep.ensure_running(Arc::downgrade(self));
+        let now = Instant::now();
+        let mut guard = lock(self.shard(&host));
+        let entry = guard.entry(&host, now);
+        entry.state.penalize(now, hold);
+        if let Some(head) = entry.queue.front() {
+            head.wake.notify_one();
+        }
+        guard.settle(&host, &self.pacing, &self.sweep);
+        tracing::debug!(host = %host, hold_ms = hold.as_millis() as u64, "host penalized");
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.sweep.stop();
+    }
+}
+
+impl Sweep for Inner {
+    fn sweep(&self, now: Instant) -> Option<Instant> {
+        let mut earliest: Option<Instant> = None;
+        for shard in &self.shards {
+            loop {
+                let mut guard = lock(shard);
+                let Shard { hosts, expiries } = &mut *guard;
+                let mut budget = SWEEP_BATCH;
+                while budget > 0
+                    && let Some(Reverse((at, _))) = expiries.peek()
+                    && *at <= now
+                    && let Some(Reverse((_, host))) = expiries.pop()
+                {
+                    budget -= 1;
+                    let Some(entry) = hosts.get_mut(&host) else {
+                        continue;
+                    };
+                    entry.sweep_at = None;
+                    if !entry.queue.is_empty() {
+                        continue; // rescheduled when its line empties
+                    }
+                    match entry.state.idle_at(&self.pacing) {
+                        Some(at) if at <= now => {
+                            hosts.remove(&host);
+                        }
+                        Some(at) => {
+                            entry.sweep_at = Some(at);
+                            expiries.push(Reverse((at, host)));
+                        }
+                        None => {} // rescheduled on its last release
+                    }
+                }
+                if budget == 0 {
+                    continue; // let acquires on this shard in, then go on
+                }
+                if hosts.capacity() > 64 && hosts.len() * 4 < hosts.capacity() {
+                    hosts.shrink_to(hosts.len() * 2);
+                }
+                if expiries.capacity() > 64 && expiries.len() * 4 < expiries.capacity() {
+                    expiries.shrink_to(expiries.len() * 2);
+                }
+                if let Some(Reverse((at, _))) = expiries.peek() {
+                    earliest = Some(earliest.map_or(*at, |e| e.min(*at)));
+                }
+                break;
+            }
+        }
+        earliest
+    }
+}
+
+impl Shard {
+    fn entry(&mut self, host: &HostKey, now: Instant) -> &mut Entry {
+        self.hosts.entry(host.clone()).or_insert_with(|| Entry {
+            state: HostState::new(now),
+            queue: VecDeque::new(),
+            sweep_at: None,
+        })
+    }
+
+    /// After a change to `host`: if nothing is in flight or waiting any
+    /// more, make sure the sweeper will look at it when it becomes idle.
+    fn settle(&mut self, host: &HostKey, pacing: &Pacing, sweep: &SweepSignal) {
+        let Some(entry) = self.hosts.get_mut(host) else {
+            return;
+        };
+        if !entry.queue.is_empty() || entry.sweep_at.is_some() {
+            return;
+        }
+        if let Some(at) = entry.state.idle_at(pacing) {
+            entry.sweep_at = Some(at);
+            self.expiries.push(Reverse((at, host.clone())));
+            sweep.schedule(at);
+        }
+    }
+}
+
+/// A waiter's place in its host's line; leaving it (by drop, when the
+/// acquire is cancelled or gives up) hands the turn to the next in line.
+struct Place<'a> {
+    inner: &'a Inner,
+    host: &'a HostKey,
+    id: u64,
+    queued: bool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if !self.queued {
+            return;
+        }
+        let mut guard = lock(self.inner.shard(self.host));
+        if let Some(entry) = guard.hosts.get_mut(self.host)
+            && let Some(pos) = entry.queue.iter().position(|w| w.id == self.id)
+        {
+            entry.queue.remove(pos);
+            if pos == 0
+                && let Some(next) = entry.queue.front()
+            {
+                next.wake.notify_one();
+            }
+        }
+        guard.settle(self.host, &self.inner.pacing, &self.inner.sweep);
+    }
+}
+
+/// Reports an acquire's outcome to the hooks and to `tracing` exactly once:
+/// as acquired, as over budget, or, when dropped unreported, as canceled.
+struct Report<'a> {
+    hooks: &'a dyn Hooks,
+    engine: &'a str,
+    host: &'a HostKey,
+    start: Instant,
+    done: bool,
+}
+
+impl Report<'_> {
+    fn emit(&mut self, outcome: WaitOutcome) -> Duration {
+        self.done = true;
+        let waited = self.start.elapsed();
+        self.hooks.on_wait(self.engine, outcome, waited);
+        tracing::debug!(
+            engine = self.engine,
+            host = %self.host,
+            outcome = outcome.as_str(),
+            waited_us = waited.as_micros() as u64,
+            "acquire"
+        );
+        waited
+    }
+
+    fn admitted(mut self, inner: &Arc<Inner>, host: HostKey) -> Permit {
+        let waited = self.emit(WaitOutcome::Acquired);
+        let inner = Arc::clone(inner);
+        let key = host.clone();
+        Permit::new(host, waited, move || inner.release(&key))
+    }
+
+    fn over_budget(mut self, earliest: Instant, deadline: Instant, now: Instant) -> Error {
+        self.emit(WaitOutcome::BudgetExceeded);
+        Error::WaitBudget {
+            host: self.host.to_string(),
+            wait: earliest.saturating_duration_since(now),
+            remaining: deadline.saturating_duration_since(now),
+        }
+    }
+}
+
+impl Drop for Report<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.emit(WaitOutcome::Canceled);
+        }
+    }
+}

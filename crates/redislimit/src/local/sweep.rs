@@ -1,0 +1,120 @@
+//! Eviction of idle host state: one background task per limiter that sleeps
+//! until the earliest host can be forgotten, stopped by a drop guard.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// What the limiter and its sweeper task share besides the host map.
+#[derive(Debug)]
+pub(crate) struct SweepSignal {
+    /// The instant times are measured from (microseconds since it).
+    epoch: Instant,
+    /// When the sweeper will next look, in microseconds since `epoch`;
+    /// `u64::MAX` while it has nothing scheduled or is sweeping.
+    next: AtomicU64,
+    /// Wakes the sweeper for an earlier expiry, or to stop.
+    wake: Notify,
+    /// Set by the limiter's drop guard.
+    stopped: AtomicBool,
+    /// True while a sweeper task is alive on some runtime.
+    running: AtomicBool,
+}
+
+impl SweepSignal {
+    pub(crate) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            next: AtomicU64::new(u64::MAX),
+            wake: Notify::new(),
+            stopped: AtomicBool::new(false),
+            running: AtomicBool::new(false),
+        }
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// A host becomes evictable at `at`: make sure the sweeper looks by then.
+    pub(crate) fn schedule(&self, at: Instant) {
+        let at = self.micros(at);
+        if at < self.next.fetch_min(at, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Stops the sweeper; called when the limiter's last handle goes away.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Starts the sweeper task if none is alive (the first use, or after the
+    /// runtime that ran the previous one shut down). Must run inside a Tokio
+    /// runtime; acquire and penalize do.
+    pub(crate) fn ensure_running<T: Sweep>(self: &Arc<Self>, target: Weak<T>) {
+        if self.running.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let signal = Arc::clone(self);
+        runtime.spawn(async move {
+            let _running = RunningGuard(Arc::clone(&signal));
+            signal.run(target).await;
+        });
+    }
+
+    async fn run<T: Sweep>(&self, target: Weak<T>) {
+        loop {
+            if self.stopped.load(Ordering::Acquire) {
+                return;
+            }
+            // Anything scheduled while we sweep lowers `next` below MAX
+            // and leaves a wake-up behind, so nothing is missed.
+            self.next.store(u64::MAX, Ordering::Release);
+            let Some(limiter) = target.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let earliest = limiter.sweep(now);
+            drop(limiter);
+            if let Some(at) = earliest {
+                self.next.fetch_min(self.micros(at), Ordering::AcqRel);
+            }
+            let next = self.next.load(Ordering::Acquire);
+            if next == u64::MAX {
+                self.wake.notified().await;
+            } else {
+                let at = self.epoch + Duration::from_micros(next);
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = self.wake.notified() => {}
+                }
+            }
+        }
+    }
+}
+
+/// Clears `running` when the task ends, or is dropped with its runtime.
+struct RunningGuard(Arc<SweepSignal>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+    }
+}
+
+/// The state a sweeper cleans.
+pub(crate) trait Sweep: Send + Sync + 'static {
+    /// Forgets every host idle at `now`; returns when the next one may be.
+    fn sweep(&self, now: Instant) -> Option<Instant>;
+}
