@@ -54,3 +54,8 @@ pub use self::{
     pacing::{MAX_MICROS, Pacing, PacingBuilder, micros},
 };
 pub use url::Url;
+
+/// The README's examples, compiled and run as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
