@@ -9,7 +9,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Everything a [`Limiter`](crate::Limiter) can fail with.
 ///
 /// Only [`Error::Unavailable`] means "the limiter could not decide"; a
-/// [`FallbackLimiter`](crate::FallbackLimiter)-style wrapper re-runs the acquire
+/// fallback wrapper re-runs the acquire
 /// on an in-process limiter for that variant and for no other.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -1,0 +1,26 @@
+//! Shared support for redislimit's integration tests: real Redis processes to test against.
+//!
+//! - [`RedisServer`]: a standalone `redis-server` on a free loopback port that a test can
+//!   kill, pause, resume and restart;
+//! - [`RedisCluster`]: three Cluster masters covering every slot;
+//! - [`RedisSentinel`]: a master, a replica and a Sentinel monitoring them;
+//! - [`resp`]: a tiny blocking RESP2 client to poke at them directly.
+//!
+//! Everything waits for its processes with a bound and panics with the server's log when
+//! they do not come up: a Redis-backed test fails, it never skips. The binaries
+//! (`redis-server`, `redis-cli`, `redis-sentinel`) must be on `PATH`; `cargo xtask test`
+//! installs them.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod port;
+mod redis_cluster;
+mod redis_sentinel;
+mod redis_server;
+pub mod resp;
+mod wait;
+
+pub use self::{
+    redis_cluster::RedisCluster, redis_sentinel::RedisSentinel, redis_server::RedisServer,
+};

@@ -1,0 +1,410 @@
+//! `cargo xtask`: the workspace's developer commands (`test`, `demo`), cargo-xtask style.
+//!
+//! `cargo xtask test` is what CI runs (`.ci/run`): it makes sure the Redis binaries the
+//! integration tests spawn are installed, then runs rustfmt, clippy, the tests and rustdoc,
+//! stopping at the first step that fails.
+
+mod redis;
+#[cfg(test)]
+mod tidy;
+
+use std::{
+    env,
+    ffi::OsString,
+    fmt,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Developer commands for the redislimit workspace"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install Redis if missing, then check formatting, run clippy, the tests and rustdoc
+    /// (exactly what CI runs).
+    Test {
+        /// Extra arguments for `cargo test`, e.g. a test-name filter or `--test harness`.
+        ///
+        /// Arguments after `--` go to the test binaries, e.g. `-- --nocapture`.
+        #[arg(allow_hyphen_values = true)]
+        cargo_args: Vec<String>,
+        /// Arguments after a leading `--`, handed to the test binaries.
+        #[arg(last = true, hide = true)]
+        test_args: Vec<String>,
+    },
+    /// Run the `demo` example (release build); every argument is passed through to it.
+    Demo {
+        /// Arguments for the demo.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// A step that failed, with what went wrong.
+#[derive(Debug)]
+struct Failure {
+    step: &'static str,
+    detail: String,
+    /// Exit code to leave with (the child's, for `demo`).
+    code: u8,
+}
+
+impl Failure {
+    fn new(step: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            step,
+            detail: detail.into(),
+            code: 1,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step `{}` failed: {}", self.step, self.detail)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Test {
+            cargo_args,
+            test_args,
+        } => {
+            let (cargo_args, test_args) = split_test_args(cargo_args, test_args);
+            test(&cargo_args, &test_args)
+        }
+        Task::Demo { args } => demo(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {failure}");
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// Clap hands `test A -- B` over as `cargo_args = [A, --, B]` (hyphen values swallow the
+/// `--`) but `test -- B` as `test_args = [B]`; either way, split at the first `--`.
+fn split_test_args(
+    mut cargo_args: Vec<String>,
+    test_args: Vec<String>,
+) -> (Vec<String>, Vec<String>) {
+    let mut binary_args = match cargo_args.iter().position(|arg| arg == "--") {
+        Some(at) => cargo_args.split_off(at).split_off(1),
+        None => Vec::new(),
+    };
+    binary_args.extend(test_args);
+    (cargo_args, binary_args)
+}
+
+/// `cargo xtask test`: redis binaries, fmt, clippy, tests, docs.
+fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
+    header("redis: redis-server, redis-cli and redis-sentinel on PATH");
+    redis::ensure_installed().map_err(|detail| Failure::new("redis", detail))?;
+
+    step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
+        "clippy",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+
+    let mut cargo_test = cargo();
+    cargo_test.args(["test", "--workspace"]).args(cargo_args);
+    if !test_args.is_empty() {
+        cargo_test.arg("--").args(test_args);
+    }
+    let tally = run_tests(&mut cargo_test);
+    println!("==> test: {} passed, {} failed", tally.passed, tally.failed);
+    tally.result?;
+
+    step(
+        "doc",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    println!("==> all steps passed");
+    // The last line: the totals over every test binary and doctest run.
+    println!("tests: {} passed, {} failed", tally.passed, tally.failed);
+    Ok(())
+}
+
+/// What `cargo test` reported over all its test binaries.
+#[derive(Debug)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    result: Result<(), Failure>,
+}
+
+/// Runs `cargo test`, echoing its output as it comes, and adds up the
+/// `test result:` lines so the totals can close the run.
+fn run_tests(cmd: &mut Command) -> Tally {
+    use std::io::{BufRead, BufReader, Write};
+
+    header(&format!("test: {}", show(cmd)));
+    let mut tally = Tally {
+        passed: 0,
+        failed: 0,
+        result: Ok(()),
+    };
+    let mut child = match cmd.stdout(std::process::Stdio::piped()).spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            tally.result = Err(Failure::new(
+                "test",
+                format!("could not run {}: {e}", show(cmd)),
+            ));
+            return tally;
+        }
+    };
+    if let Some(stdout) = child.stdout.take() {
+        let mut out = std::io::stdout().lock();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = writeln!(out, "{line}");
+            if let Some((passed, failed)) = parse_test_result(&line) {
+                tally.passed += passed;
+                tally.failed += failed;
+            }
+        }
+    }
+    tally.result = match child.wait() {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(Failure::new(
+            "test",
+            format!("`{}` exited with {status}", show(cmd)),
+        )),
+        Err(e) => Err(Failure::new(
+            "test",
+            format!("could not wait for cargo test: {e}"),
+        )),
+    };
+    tally
+}
+
+/// `test result: ok. 25 passed; 0 failed; 0 ignored; ...` -> `(25, 0)`.
+fn parse_test_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let count = |what: &str| {
+        rest.split(';')
+            .find_map(|part| {
+                part.trim()
+                    .trim_start_matches("ok. ")
+                    .trim_start_matches("FAILED. ")
+                    .strip_suffix(what)
+            })
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    Some((count(" passed")?, count(" failed")?))
+}
+
+/// `cargo xtask demo ARGS...`: the demo example, release build.
+fn demo(args: &[String]) -> Result<(), Failure> {
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "examples",
+        "--example",
+        "demo",
+        "--",
+    ])
+    .args(args);
+    let status = cmd
+        .status()
+        .map_err(|e| Failure::new("demo", format!("could not run {}: {e}", show(&cmd))))?;
+    if status.success() {
+        return Ok(());
+    }
+    let code = status
+        .code()
+        .and_then(|c| u8::try_from(c).ok())
+        .filter(|&c| c != 0)
+        .unwrap_or(1);
+    Err(Failure {
+        step: "demo",
+        detail: status.to_string(),
+        code,
+    })
+}
+
+/// Prints a step header and runs `cmd` with inherited stdio; a non-zero exit fails `name`.
+fn step(name: &'static str, cmd: &mut Command) -> Result<(), Failure> {
+    header(&format!("{name}: {}", show(cmd)));
+    let status = cmd
+        .status()
+        .map_err(|e| Failure::new(name, format!("could not run {}: {e}", show(cmd))))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            name,
+            format!("`{}` exited with {status}", show(cmd)),
+        ))
+    }
+}
+
+fn header(text: &str) {
+    println!("==> {text}");
+}
+
+/// `cargo` as the one running us (`$CARGO`), in the workspace root.
+fn cargo() -> Command {
+    let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let mut cmd = Command::new(program);
+    cmd.current_dir(project_root());
+    cmd
+}
+
+/// The workspace root: the parent of this package's directory.
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// A command line as a user would type it (`cargo` rather than the full `$CARGO` path).
+fn show(cmd: &Command) -> String {
+    let program = Path::new(cmd.get_program())
+        .file_name()
+        .unwrap_or(cmd.get_program())
+        .to_string_lossy()
+        .into_owned();
+    let args = cmd.get_args().map(|a| a.to_string_lossy().into_owned());
+    std::iter::once(program)
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Task, parse_test_result};
+
+    fn parse(args: &[&str]) -> Task {
+        let task = Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied()))
+            .expect("arguments parse")
+            .command;
+        match task {
+            Task::Test {
+                cargo_args,
+                test_args,
+            } => {
+                let (cargo_args, test_args) = super::split_test_args(cargo_args, test_args);
+                Task::Test {
+                    cargo_args,
+                    test_args,
+                }
+            }
+            other => other,
+        }
+    }
+
+    #[test]
+    fn test_args_split_at_double_dash() {
+        let Task::Test {
+            cargo_args,
+            test_args,
+        } = parse(&["test", "--test", "harness", "--", "--nocapture"])
+        else {
+            panic!("expected the test task");
+        };
+        assert_eq!(cargo_args, ["--test", "harness"]);
+        assert_eq!(test_args, ["--nocapture"]);
+    }
+
+    #[test]
+    fn test_args_alone_go_to_the_test_binaries() {
+        let Task::Test {
+            cargo_args,
+            test_args,
+        } = parse(&["test", "--", "--nocapture", "x"])
+        else {
+            panic!("expected the test task");
+        };
+        assert!(cargo_args.is_empty(), "{cargo_args:?}");
+        assert_eq!(test_args, ["--nocapture", "x"]);
+    }
+
+    #[test]
+    fn test_without_arguments() {
+        let Task::Test {
+            cargo_args,
+            test_args,
+        } = parse(&["test"])
+        else {
+            panic!("expected the test task");
+        };
+        assert!(cargo_args.is_empty() && test_args.is_empty());
+    }
+
+    #[test]
+    fn test_filter_goes_to_cargo_test() {
+        let Task::Test {
+            cargo_args,
+            test_args,
+        } = parse(&["test", "restart"])
+        else {
+            panic!("expected the test task");
+        };
+        assert_eq!(cargo_args, ["restart"]);
+        assert!(test_args.is_empty());
+    }
+
+    #[test]
+    fn demo_passes_everything_through() {
+        let Task::Demo { args } = parse(&["demo", "--hosts", "3", "-v", "--", "x"]) else {
+            panic!("expected the demo task");
+        };
+        assert_eq!(args, ["--hosts", "3", "-v", "--", "x"]);
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn test_result_lines_are_tallied() {
+        assert_eq!(
+            parse_test_result(
+                "test result: ok. 25 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.04s"
+            ),
+            Some((25, 0))
+        );
+        assert_eq!(
+            parse_test_result(
+                "test result: FAILED. 20 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
+            ),
+            Some((20, 1))
+        );
+        assert_eq!(parse_test_result("running 7 tests"), None);
+    }
+}

@@ -1,0 +1,177 @@
+//! Tidy checks over the workspace's Rust sources, run as a test (`cargo test -p xtask`).
+//!
+//! - every `.rs` file under `crates/`, `examples/`, `tests/` and `xtask/` opens with a
+//!   `//!` line saying what it holds;
+//! - every crate root `crates/*/src/lib.rs` contains `#![forbid(unsafe_code)]`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+/// Directories (relative to the workspace root) whose `.rs` files are checked.
+const SOURCE_DIRS: [&str; 4] = ["crates", "examples", "tests", "xtask"];
+
+const FORBID_UNSAFE: &str = "#![forbid(unsafe_code)]";
+
+/// Every problem found under `root`, one line each, naming the file.
+fn problems(root: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut files = Vec::new();
+    for dir in SOURCE_DIRS {
+        collect_rs_files(&root.join(dir), &mut files, &mut problems);
+    }
+    files.sort();
+    for file in &files {
+        let shown = file.strip_prefix(root).unwrap_or(file).display();
+        let text = match fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(e) => {
+                problems.push(format!("{shown}: cannot read: {e}"));
+                continue;
+            }
+        };
+        if !text
+            .lines()
+            .next()
+            .is_some_and(|line| line.starts_with("//!"))
+        {
+            problems.push(format!(
+                "{shown}: does not open with a `//!` line saying what it holds"
+            ));
+        }
+        if is_crate_root(root, file) && !text.contains(FORBID_UNSAFE) {
+            problems.push(format!("{shown}: crate root lacks `{FORBID_UNSAFE}`"));
+        }
+    }
+    problems
+}
+
+/// `crates/<name>/src/lib.rs`.
+fn is_crate_root(root: &Path, file: &Path) -> bool {
+    let Ok(relative) = file.strip_prefix(root.join("crates")) else {
+        return false;
+    };
+    let parts: Vec<_> = relative.components().map(|c| c.as_os_str()).collect();
+    parts.len() == 3 && parts[1] == "src" && parts[2] == "lib.rs"
+}
+
+/// Adds every `.rs` file below `dir` to `files`, skipping `target/` and hidden directories.
+/// A missing `dir` is fine (not every workspace has every directory yet).
+fn collect_rs_files(dir: &Path, files: &mut Vec<PathBuf>, problems: &mut Vec<String>) {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            problems.push(format!("{}: cannot list: {e}", dir.display()));
+            return;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                problems.push(format!("{}: cannot list: {e}", dir.display()));
+                continue;
+            }
+        };
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                collect_rs_files(&path, files, problems);
+            }
+        } else if name.ends_with(".rs") {
+            files.push(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, path::PathBuf};
+
+    use super::problems;
+
+    #[test]
+    fn workspace_sources_are_tidy() {
+        let problems = problems(&crate::project_root());
+        assert!(
+            problems.is_empty(),
+            "tidy check failed for {} file(s):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
+    }
+
+    /// A scratch workspace under the system temp dir, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("xtask-tidy-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            Self(dir)
+        }
+
+        fn write(&self, relative: &str, text: &str) {
+            let path = self.0.join(relative);
+            fs::create_dir_all(path.parent().expect("file has a parent")).expect("mkdir");
+            fs::write(path, text).expect("write");
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn reports_each_offending_file_and_skips_target() {
+        let ws = Scratch::new("report");
+        ws.write(
+            "crates/good/src/lib.rs",
+            "//! Good.\n#![forbid(unsafe_code)]\n",
+        );
+        ws.write("crates/good/src/inner/mod.rs", "//! Inner.\n");
+        ws.write("crates/unsafe/src/lib.rs", "//! No forbid.\n");
+        ws.write(
+            "crates/undoc/src/lib.rs",
+            "#![forbid(unsafe_code)]\n//! Late doc.\n",
+        );
+        ws.write("tests/harness/main.rs", "\n//! Blank line first.\n");
+        ws.write(
+            "examples/examples/demo.rs",
+            "// plain comment\nfn main() {}\n",
+        );
+        ws.write("xtask/src/main.rs", "//! Fine.\n");
+        ws.write("crates/good/target/debug/build/out.rs", "generated\n");
+        ws.write("crates/good/.hidden/x.rs", "hidden\n");
+
+        let found = problems(&ws.0);
+        let expected = [
+            "crates/undoc/src/lib.rs: does not open with a `//!` line",
+            "crates/unsafe/src/lib.rs: crate root lacks `#![forbid(unsafe_code)]`",
+            "examples/examples/demo.rs: does not open with a `//!` line",
+            "tests/harness/main.rs: does not open with a `//!` line",
+        ];
+        assert_eq!(found.len(), expected.len(), "problems: {found:#?}");
+        for (problem, prefix) in found.iter().zip(expected) {
+            assert!(
+                problem.starts_with(prefix),
+                "{problem:?} should start with {prefix:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tidy_tree_has_no_problems() {
+        let ws = Scratch::new("clean");
+        ws.write("crates/a/src/lib.rs", "//! A.\n#![forbid(unsafe_code)]\n");
+        ws.write("crates/a/tests/it.rs", "//! Integration.\n");
+        assert_eq!(problems(&ws.0), Vec::<String>::new());
+    }
+}
