@@ -4,7 +4,8 @@
 //!   kill, pause, resume and restart;
 //! - [`RedisCluster`]: three Cluster masters covering every slot;
 //! - [`RedisSentinel`]: a master, a replica and a Sentinel monitoring them;
-//! - [`resp`]: a tiny blocking RESP2 client to poke at them directly.
+//! - [`resp`]: a tiny blocking RESP2 client to poke at them directly;
+//! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when
 //! they do not come up: a Redis-backed test fails, it never skips. The binaries
@@ -15,6 +16,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod port;
+pub mod record;
 mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;

@@ -146,7 +146,18 @@ pub enum ConfigError {
         /// The value that was given.
         value: Duration,
     },
-    /// Two settings that contradict each other.
-    #[error("{0}")]
-    Conflict(&'static str),
+    /// A Redis URL or pool setting that the client refused.
+    #[error("invalid Redis connection settings: {reason}")]
+    InvalidRedis {
+        /// What the Redis client or the pool said.
+        reason: String,
+    },
+    /// A Redis key prefix or scope that could break the key layout.
+    #[error("{field} {value:?} is not a valid name: use 1 to 64 ASCII letters, digits or -_.:/")]
+    InvalidName {
+        /// The name of the field.
+        field: &'static str,
+        /// The value that was given.
+        value: String,
+    },
 }

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{Error, Op};
+use tokio::time::Instant;
+
+use crate::{Error, HostKey, Op};
 
 /// How an acquire ended, as reported to [`Hooks::on_wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,3 +86,76 @@ pub trait Hooks: Send + Sync + fmt::Debug {
 pub struct NoHooks;
 
 impl Hooks for NoHooks {}
+
+/// Reports one acquire's outcome to the hooks and to `tracing` exactly once:
+/// as acquired or over budget when told, as canceled when dropped untold,
+/// and not at all when [`abandon`](Self::abandon)ed (a backend failure,
+/// which made no decision).
+pub(crate) struct WaitReport<'a> {
+    hooks: &'a dyn Hooks,
+    engine: &'a str,
+    host: &'a HostKey,
+    start: Instant,
+    done: bool,
+}
+
+impl<'a> WaitReport<'a> {
+    pub(crate) fn new(
+        hooks: &'a dyn Hooks,
+        engine: &'a str,
+        host: &'a HostKey,
+        start: Instant,
+    ) -> Self {
+        Self {
+            hooks,
+            engine,
+            host,
+            start,
+            done: false,
+        }
+    }
+
+    /// Reports `outcome`; returns how long the acquire waited.
+    pub(crate) fn finish(mut self, outcome: WaitOutcome) -> Duration {
+        self.emit(outcome)
+    }
+
+    /// Reports a blown budget and builds its error: the wait would have
+    /// lasted until `earliest`, and the budget ends at `deadline`.
+    pub(crate) fn over_budget(self, earliest: Instant, deadline: Instant, now: Instant) -> Error {
+        let host = self.host.to_string();
+        self.finish(WaitOutcome::BudgetExceeded);
+        Error::WaitBudget {
+            host,
+            wait: earliest.saturating_duration_since(now),
+            remaining: deadline.saturating_duration_since(now),
+        }
+    }
+
+    /// Reports nothing: the acquire ended without a pacing decision.
+    pub(crate) fn abandon(mut self) {
+        self.done = true;
+    }
+
+    fn emit(&mut self, outcome: WaitOutcome) -> Duration {
+        self.done = true;
+        let waited = self.start.elapsed();
+        self.hooks.on_wait(self.engine, outcome, waited);
+        tracing::debug!(
+            engine = self.engine,
+            host = %self.host,
+            outcome = outcome.as_str(),
+            waited_us = waited.as_micros() as u64,
+            "acquire"
+        );
+        waited
+    }
+}
+
+impl Drop for WaitReport<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.emit(WaitOutcome::Canceled);
+        }
+    }
+}

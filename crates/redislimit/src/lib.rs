@@ -11,6 +11,15 @@
 //! - [`Limiter`] is the trait every backend implements: `acquire` waits for
 //!   a [`Permit`], `penalize` holds a host back.
 //! - [`DomainLimiter`] paces within one process.
+//! - [`RedisLimiter`] (feature `redis`, on by default) holds the pacing state
+//!   in Redis, so every replica of a crawler counts against one limit per
+//!   host; its documentation explains the serialized and lease modes, when
+//!   to pick which, and how to size `lease_ttl`.
+//! - [`FallbackLimiter`] keeps retrieval going on in-process pacing while
+//!   Redis is unavailable.
+//!
+//! Every failure is one [`Error`]; hooks ([`Hooks`]) and `tracing` events
+//! report each decision once.
 //!
 //! ```
 //! use std::time::Duration;
@@ -39,20 +48,31 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod error;
+mod fallback;
 mod hooks;
 mod key;
 mod limiter;
 mod local;
 mod pacing;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{
+    ClusterManager, ClusterPool, RedisKeys, RedisLimiter, RedisLimiterBuilder, RedisPool,
+    RedisTimeouts,
+};
 pub use self::{
     error::{BoxError, ConfigError, Error, Op},
+    fallback::FallbackLimiter,
     hooks::{Hooks, NoHooks, WaitOutcome},
     key::HostKey,
     limiter::{BoxFuture, Limiter, Permit},
     local::DomainLimiter,
     pacing::{MAX_MICROS, Pacing, PacingBuilder, micros},
 };
+#[cfg(feature = "redis")]
+pub use deadpool_redis;
 pub use url::Url;
 
 /// The README's examples, compiled and run as doctests so they cannot rot.

@@ -114,6 +114,12 @@ impl Pacing {
         wait.saturating_add(Duration::from_micros(extra))
     }
 
+    /// The same pacing with another per-process concurrency (at least 1).
+    pub(crate) fn with_max_concurrent(mut self, n: u32) -> Self {
+        self.max_concurrent = n.max(1);
+        self
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if self.max_concurrent == 0 {
             return Err(ConfigError::Zero {
@@ -148,6 +154,12 @@ impl Default for Pacing {
     fn default() -> Self {
         Self::builder().pacing
     }
+}
+
+/// `at + d`, saturating at a far-future instant instead of overflowing.
+pub(crate) fn after(at: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365 * 300))
 }
 
 /// The microsecond count of `value`, the unit durations cross into Lua in.

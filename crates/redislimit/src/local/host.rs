@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Pacing;
+use crate::pacing::after;
 
 /// What the head of a host's queue may do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,12 +21,6 @@ pub(crate) enum Decision {
     WaitUntil(Instant),
     /// `max_concurrent` requests are in flight: wait for a release.
     Full,
-}
-
-/// `at + d`, saturating at a far-future instant instead of overflowing.
-pub(crate) fn after(at: Instant, d: Duration) -> Instant {
-    at.checked_add(d)
-        .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365 * 300))
 }
 
 /// What one host's pacing remembers.

@@ -11,8 +11,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::host::{Decision, HostState, after};
+use super::host::{Decision, HostState};
 use super::sweep::{Sweep, SweepSignal};
+use crate::hooks::WaitReport;
+use crate::pacing::after;
 use crate::{BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, WaitOutcome};
 
 /// The in-process limiter: paces requests per host within one process.
@@ -183,13 +185,7 @@ async fn acquire(
     inner.sweep.ensure_running(Arc::downgrade(inner));
     let pacing = &inner.pacing;
     let start = Instant::now();
-    let report = Report {
-        hooks: &*inner.hooks,
-        engine,
-        host: &host,
-        start,
-        done: false,
-    };
+    let report = WaitReport::new(&*inner.hooks, engine, &host, start);
     let shard = inner.shard(&host);
 
     // Fast path: nobody waiting and the host ready. Otherwise join the line.
@@ -199,7 +195,7 @@ async fn acquire(
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
             entry.state.admit(start, pacing);
             drop(guard);
-            return Ok(report.admitted(inner, host.clone()));
+            return Ok(inner.permit(host.clone(), report.finish(WaitOutcome::Acquired)));
         }
         if let Some(deadline) = deadline {
             let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);
@@ -256,7 +252,7 @@ async fn acquire(
         match step {
             Step::Admitted => {
                 place.queued = false;
-                return Ok(report.admitted(inner, host.clone()));
+                return Ok(inner.permit(host.clone(), report.finish(WaitOutcome::Acquired)));
             }
             Step::Sleep(at) => {
                 let wake_at = match deadline {
@@ -287,6 +283,12 @@ async fn acquire(
 }
 
 impl Inner {
+    fn permit(self: &Arc<Self>, host: HostKey, waited: Duration) -> Permit {
+        let inner = Arc::clone(self);
+        let key = host.clone();
+        Permit::new(host, waited, move || inner.release(&key))
+    }
+
     fn shard(&self, host: &HostKey) -> &Mutex<Shard> {
         let hash = self.hasher.hash_one(host.as_str()) as usize;
         &self.shards[hash & (self.shards.len() - 1)]
@@ -431,55 +433,5 @@ impl Drop for Place<'_> {
             }
         }
         guard.settle(self.host, &self.inner.pacing, &self.inner.sweep);
-    }
-}
-
-/// Reports an acquire's outcome to the hooks and to `tracing` exactly once:
-/// as acquired, as over budget, or, when dropped unreported, as canceled.
-struct Report<'a> {
-    hooks: &'a dyn Hooks,
-    engine: &'a str,
-    host: &'a HostKey,
-    start: Instant,
-    done: bool,
-}
-
-impl Report<'_> {
-    fn emit(&mut self, outcome: WaitOutcome) -> Duration {
-        self.done = true;
-        let waited = self.start.elapsed();
-        self.hooks.on_wait(self.engine, outcome, waited);
-        tracing::debug!(
-            engine = self.engine,
-            host = %self.host,
-            outcome = outcome.as_str(),
-            waited_us = waited.as_micros() as u64,
-            "acquire"
-        );
-        waited
-    }
-
-    fn admitted(mut self, inner: &Arc<Inner>, host: HostKey) -> Permit {
-        let waited = self.emit(WaitOutcome::Acquired);
-        let inner = Arc::clone(inner);
-        let key = host.clone();
-        Permit::new(host, waited, move || inner.release(&key))
-    }
-
-    fn over_budget(mut self, earliest: Instant, deadline: Instant, now: Instant) -> Error {
-        self.emit(WaitOutcome::BudgetExceeded);
-        Error::WaitBudget {
-            host: self.host.to_string(),
-            wait: earliest.saturating_duration_since(now),
-            remaining: deadline.saturating_duration_since(now),
-        }
-    }
-}
-
-impl Drop for Report<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.emit(WaitOutcome::Canceled);
-        }
     }
 }

@@ -1,0 +1,10 @@
+//! The Redis-backed limiter: pacing state shared by every replica.
+
+mod keys;
+mod limiter;
+mod pool;
+mod script;
+
+pub use self::keys::RedisKeys;
+pub use self::limiter::{RedisLimiter, RedisLimiterBuilder};
+pub use self::pool::{ClusterManager, ClusterPool, RedisPool, RedisTimeouts};

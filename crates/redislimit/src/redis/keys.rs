@@ -1,0 +1,170 @@
+//! The Redis key layout: one hash tag per (prefix, scope, host), derived by hashing.
+
+use sha2::{Digest, Sha256};
+
+use crate::{ConfigError, HostKey};
+
+/// The Redis keys holding one host's pacing state in one scope.
+///
+/// Every key is `<prefix>:<scope>:{<tag>}:<role>`, where `<tag>` is the first
+/// 128 bits of SHA-256 over the length-prefixed prefix, scope and host, in
+/// hex. All keys of a host share that one hash tag, so every script stays
+/// in one slot of a Redis Cluster; and because the host only enters the
+/// name through the hash, a host name with `{`, `}`, `:`, spaces or any
+/// other text can neither pick its own slot nor produce another host's key.
+///
+/// | role | type | holds |
+/// |---|---|---|
+/// | `gate` | HASH | `next`: no send before this instant; in serialized mode also `holder` (the token sending now) and `busy` (its lease deadline) |
+/// | `leases` | ZSET | lease mode: token → lease deadline |
+/// | `admits` | ZSET | quota: token → admission instant |
+///
+/// Instants are microseconds on the Redis server's clock. Every key carries a
+/// TTL covering what it protects, plus one second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisKeys {
+    /// The HASH with the host's next allowed send (and the serialized holder).
+    pub gate: String,
+    /// The ZSET of leases in flight (lease mode).
+    pub leases: String,
+    /// The ZSET of admission instants inside the quota window.
+    pub admits: String,
+}
+
+impl RedisKeys {
+    /// The keys of `host` in `scope` under `prefix`.
+    pub fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
+        let mut digest = Sha256::new();
+        for part in [prefix, scope, host.as_str()] {
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part.as_bytes());
+        }
+        let digest = digest.finalize();
+        let mut tag = String::with_capacity(32);
+        for byte in &digest[..16] {
+            tag.push_str(&format!("{byte:02x}"));
+        }
+        let base = format!("{prefix}:{scope}:{{{tag}}}");
+        Self {
+            gate: format!("{base}:gate"),
+            leases: format!("{base}:leases"),
+            admits: format!("{base}:admits"),
+        }
+    }
+
+    /// The keys in the order the scripts take them.
+    pub(crate) fn all(&self) -> [&str; 3] {
+        [&self.gate, &self.leases, &self.admits]
+    }
+}
+
+/// Refuses a prefix or scope that could break the key layout: empty, longer
+/// than 64 bytes, or holding anything but ASCII letters, digits and `-_.:/`
+/// (a `{` would choose the Cluster slot).
+pub(crate) fn check_name(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidName {
+            field,
+            value: value.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn keys(host: &str) -> RedisKeys {
+        RedisKeys::new(
+            "redislimit",
+            "domain",
+            &HostKey::parse(&format!("http://{host}/")).unwrap(),
+        )
+    }
+
+    /// The text between the first `{` and the next `}`: what Redis Cluster hashes.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').unwrap();
+        let close = open + key[open..].find('}').unwrap();
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn all_keys_of_a_host_share_one_tag() {
+        let k = keys("example.com");
+        let tag = hash_tag(&k.gate);
+        assert_eq!(tag.len(), 32);
+        assert!(k.all().iter().all(|key| hash_tag(key) == tag));
+        assert!(k.gate.starts_with("redislimit:domain:{"));
+    }
+
+    #[test]
+    fn hosts_cannot_steer_or_collide() {
+        // `url` percent-encodes most of these, but a host key is only ever
+        // hashed, so even hostile text stays out of the key's structure.
+        let hostile = [
+            "example.com",
+            "{example.com}",
+            "a}b{c",
+            "example.com:gate",
+            "xn--bcher-kva.example",
+            "[::1]",
+            "127.0.0.1",
+        ];
+        let mut tags = HashSet::new();
+        for h in hostile {
+            let host = match HostKey::parse(&format!("http://{h}/")) {
+                Ok(host) => host,
+                Err(_) => continue,
+            };
+            let k = RedisKeys::new("redislimit", "domain", &host);
+            for key in k.all() {
+                assert_eq!(key.matches('{').count(), 1, "{key}");
+                assert!(!key.contains(host.as_str()), "{key} embeds the host");
+            }
+            tags.insert(hash_tag(&k.gate).to_owned());
+        }
+        assert!(tags.len() >= 5, "{tags:?}");
+    }
+
+    #[test]
+    fn scope_and_prefix_separate_key_spaces() {
+        let host = HostKey::parse("http://example.com/").unwrap();
+        let a = RedisKeys::new("p", "domain", &host);
+        let b = RedisKeys::new("p", "search", &host);
+        let c = RedisKeys::new("q", "domain", &host);
+        assert_ne!(a.gate, b.gate);
+        assert_ne!(a.gate, c.gate);
+        // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(
+            RedisKeys::new("ab", "c", &host).gate[5..],
+            RedisKeys::new("a", "bc", &host).gate[5..]
+        );
+    }
+
+    #[test]
+    fn names_that_could_break_the_layout_are_refused() {
+        for bad in [
+            "",
+            "a{b",
+            "a}b",
+            "with space",
+            "tab\t",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(check_name("scope", bad).is_err(), "{bad:?}");
+        }
+        for good in ["domain", "search-api", "omni.feed:ratelimit", "a/b_c"] {
+            assert!(check_name("scope", good).is_ok(), "{good:?}");
+        }
+    }
+}

@@ -1,0 +1,564 @@
+//! `RedisLimiter`: one per-host limit shared by every replica through Redis.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::Cmd;
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use super::keys::{RedisKeys, check_name};
+use super::pool::{Connections, QueryError, RedisPool};
+use super::script::{ACQUIRE, PENALIZE, RELEASE, RENEW};
+use crate::hooks::WaitReport;
+use crate::pacing::{after, micros};
+use crate::{
+    BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey, Limiter,
+    NoHooks, Op, Pacing, Permit, WaitOutcome,
+};
+
+/// Paces requests per host with the state held in Redis, so every replica
+/// counts against one limit instead of one limit each.
+///
+/// Each acquire costs one script call (EVALSHA) when the host is free;
+/// the script reads the clock with Redis `TIME`, so replicas need not agree
+/// on the time. The answer is admission, or how long to wait: the caller
+/// sleeps exactly that (plus jitter) and asks again. Nothing is booked for
+/// a caller that gives up, so cancellation needs no clean-up. Releases are
+/// sent off the caller's path, on a spawned task.
+///
+/// # Two modes
+///
+/// **Serialized** (`cluster_concurrency = 0`, the default): requests to one
+/// host never overlap anywhere in the cluster, and each send is at least
+/// `min_delay` after the previous *completion*. The sender holds the host
+/// until it releases; if its replica dies mid-request, the host is blocked
+/// at most `lease_ttl`, and the next send still waits `min_delay` after that
+/// lease ended. Pick it for upstreams that punish bursts or count gaps: it
+/// is the politest pacing, and the slowest — replicas add no throughput.
+///
+/// **Lease** (`cluster_concurrency = N > 0`): at most N requests to a host
+/// in flight across all replicas, each holding a lease (a sorted set entry
+/// scored by its deadline), and sends at least `min_delay` apart. A dead
+/// replica's slot returns when its lease deadline passes. Pick it for
+/// upstreams that count requests per window (APIs, search engines): it is
+/// the mode where N replicas get up to N times one replica's throughput.
+///
+/// Both modes also apply the sliding-window `quota` (the admission instants
+/// themselves are kept, so no burst is banked) and
+/// [`penalize`](Limiter::penalize), which holds a host back on every
+/// replica and only ever extends a hold.
+///
+/// # Sizing `lease_ttl`
+///
+/// `lease_ttl` is how long a slot stays booked when its holder stops
+/// answering; it is a crash bound, not a request timeout. A permit held for
+/// longer renews its lease every `lease_ttl / 2`, so a long download is
+/// never overtaken while its process lives. Too short, and a pause longer
+/// than `lease_ttl / 2` (a stalled event loop, Redis unreachable for a
+/// moment) can let a live request's slot go; too long, and a crashed
+/// replica strands its slot (serialized mode: the whole host) that long.
+/// Set it to a few times the time a Redis round trip can take in a bad
+/// moment, and no longer than you can afford a host to sit idle after a
+/// crash: 10-30 s suits most crawlers.
+///
+/// # Timeouts
+///
+/// The limiter imposes no Redis timeouts of its own (an acquire may
+/// legitimately sleep for minutes between attempts): they come from the
+/// pool and its connections, see [`RedisPool`] and [`RedisTimeouts`](crate::RedisTimeouts).
+/// Every failure is returned as [`Error::Unavailable`]; wrap the limiter in
+/// a [`FallbackLimiter`] ([`with_fallback`](Self::with_fallback)) so
+/// retrieval goes on, paced in-process, while Redis is away.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redislimit::{Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = RedisPool::standalone("redis://127.0.0.1:6379/", RedisTimeouts::default())?;
+/// let pacing = Pacing::builder().min_delay(Duration::from_millis(500)).build()?;
+/// let limiter = RedisLimiter::builder(pool, "domain")
+///     .pacing(pacing)
+///     .cluster_concurrency(4)
+///     .lease_ttl(Duration::from_secs(15))
+///     .build()?
+///     .with_fallback();
+///
+/// let url = "https://example.com/".parse()?;
+/// let permit = limiter.acquire("crawler", &url, None).await?;
+/// // ... send the request, read the body, drop the permit.
+/// # drop(permit); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisLimiter {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    redis: Connections,
+    prefix: String,
+    scope: String,
+    pacing: Pacing,
+    cluster_concurrency: u32,
+    lease_ttl: Duration,
+    concurrency_retry: Duration,
+    hooks: Arc<dyn Hooks>,
+    /// The per-process cap and FIFO order; records no hooks of its own.
+    local: DomainLimiter,
+    /// Script arguments, in microseconds.
+    min_delay_us: u64,
+    lease_ttl_us: u64,
+    window_us: u64,
+    /// The longest wait this configuration can ask for.
+    max_wait_us: u64,
+}
+
+/// Builds a [`RedisLimiter`]; see its documentation for the controls.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RedisLimiterBuilder {
+    pool: RedisPool,
+    prefix: String,
+    scope: String,
+    pacing: Pacing,
+    cluster_concurrency: u32,
+    lease_ttl: Duration,
+    concurrency_retry: Duration,
+    hooks: Arc<dyn Hooks>,
+}
+
+impl fmt::Debug for RedisLimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiterBuilder")
+            .field("prefix", &self.prefix)
+            .field("scope", &self.scope)
+            .field("pacing", &self.pacing)
+            .field("cluster_concurrency", &self.cluster_concurrency)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("concurrency_retry", &self.concurrency_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLimiterBuilder {
+    /// The key namespace shared by every scope (default `redislimit`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The per-host pacing (default: [`Pacing::default`]).
+    pub fn pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = pacing;
+        self
+    }
+
+    /// The cap on requests in flight per host across all replicas; 0 (the
+    /// default) selects serialized mode. Also raises the per-process
+    /// `max_concurrent` when it is smaller, so one process never keeps the
+    /// cluster below its cap.
+    pub fn cluster_concurrency(mut self, n: u32) -> Self {
+        self.cluster_concurrency = n;
+        self
+    }
+
+    /// How long a slot stays booked without a release or a renewal
+    /// (default 30 s); see "Sizing `lease_ttl`" on [`RedisLimiter`].
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How soon to ask again when the host's in-flight cap is taken
+    /// (default 50 ms, plus jitter). A slot frees on another replica's
+    /// release, which nothing announces, so this is a short retry.
+    pub fn concurrency_retry(mut self, retry: Duration) -> Self {
+        self.concurrency_retry = retry;
+        self
+    }
+
+    /// Where decisions and failures are reported (default: nowhere).
+    pub fn hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Validates the configuration and builds the limiter. Nothing is sent
+    /// to Redis until the first acquire.
+    pub fn build(self) -> Result<RedisLimiter, ConfigError> {
+        check_name("prefix", &self.prefix)?;
+        check_name("scope", &self.scope)?;
+        let lease_ttl_us = micros("lease_ttl", self.lease_ttl)?;
+        if lease_ttl_us == 0 {
+            return Err(ConfigError::Zero { field: "lease_ttl" });
+        }
+        if micros("concurrency_retry", self.concurrency_retry)? == 0 {
+            return Err(ConfigError::Zero {
+                field: "concurrency_retry",
+            });
+        }
+        // Validated by `Pacing`'s own builder.
+        let min_delay_us = self.pacing.min_delay().as_micros() as u64;
+        let window_us = self.pacing.window().as_micros() as u64;
+        let max_penalty_us = self.pacing.max_penalty().as_micros() as u64;
+        let max_wait_us = max_penalty_us
+            .max(lease_ttl_us.saturating_add(min_delay_us))
+            .max(window_us)
+            .min(crate::MAX_MICROS);
+        let local_cap = self.pacing.max_concurrent().max(self.cluster_concurrency);
+        Ok(RedisLimiter {
+            shared: Arc::new(Shared {
+                local: DomainLimiter::new(Pacing::default().with_max_concurrent(local_cap)),
+                redis: Connections::new(self.pool),
+                prefix: self.prefix,
+                scope: self.scope,
+                pacing: self.pacing,
+                cluster_concurrency: self.cluster_concurrency,
+                lease_ttl: self.lease_ttl,
+                concurrency_retry: self.concurrency_retry,
+                hooks: self.hooks,
+                min_delay_us,
+                lease_ttl_us,
+                window_us,
+                max_wait_us,
+            }),
+        })
+    }
+}
+
+impl RedisLimiter {
+    /// The default lease TTL.
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    /// The default retry interval while a host's in-flight cap is taken.
+    pub const DEFAULT_CONCURRENCY_RETRY: Duration = Duration::from_millis(50);
+
+    /// Starts a limiter for `scope` (e.g. `domain` for crawling, `search`
+    /// for API queries; two scopes never consume each other's quota) over
+    /// `pool`.
+    pub fn builder(pool: RedisPool, scope: impl Into<String>) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            pool,
+            prefix: "redislimit".to_owned(),
+            scope: scope.into(),
+            pacing: Pacing::default(),
+            cluster_concurrency: 0,
+            lease_ttl: Self::DEFAULT_LEASE_TTL,
+            concurrency_retry: Self::DEFAULT_CONCURRENCY_RETRY,
+            hooks: Arc::new(NoHooks),
+        }
+    }
+
+    /// The per-host pacing.
+    pub fn pacing(&self) -> &Pacing {
+        &self.shared.pacing
+    }
+
+    /// The cross-replica in-flight cap per host; 0 in serialized mode.
+    pub fn cluster_concurrency(&self) -> u32 {
+        self.shared.cluster_concurrency
+    }
+
+    /// How long a slot stays booked without a release or renewal.
+    pub fn lease_ttl(&self) -> Duration {
+        self.shared.lease_ttl
+    }
+
+    /// The Redis keys that hold `host`'s state, for inspecting or clearing
+    /// it by hand.
+    pub fn keys(&self, host: &HostKey) -> RedisKeys {
+        RedisKeys::new(&self.shared.prefix, &self.shared.scope, host)
+    }
+
+    /// The pacing an in-process fallback should apply while Redis is away:
+    /// this limiter's pacing, with at most one request in flight per host in
+    /// serialized mode and `cluster_concurrency` in lease mode.
+    pub fn fallback_pacing(&self) -> Pacing {
+        let cap = self.shared.cluster_concurrency.max(1);
+        self.shared.pacing.clone().with_max_concurrent(cap)
+    }
+
+    /// Wraps this limiter in a [`FallbackLimiter`] that paces in-process with
+    /// [`fallback_pacing`](Self::fallback_pacing) and the same hooks while
+    /// Redis is unavailable.
+    pub fn with_fallback(self) -> FallbackLimiter<Self> {
+        let fallback =
+            DomainLimiter::with_hooks(self.fallback_pacing(), Arc::clone(&self.shared.hooks));
+        FallbackLimiter::new(self, fallback)
+    }
+}
+
+impl fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shared;
+        f.debug_struct("RedisLimiter")
+            .field("pool", s.redis.pool())
+            .field("prefix", &s.prefix)
+            .field("scope", &s.scope)
+            .field("pacing", &s.pacing)
+            .field("cluster_concurrency", &s.cluster_concurrency)
+            .field("lease_ttl", &s.lease_ttl)
+            .field("concurrency_retry", &s.concurrency_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter for RedisLimiter {
+    fn acquire_host<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
+        Box::pin(self.shared.acquire(engine, host, deadline))
+    }
+
+    fn penalize_host<'a>(
+        &'a self,
+        host: HostKey,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.shared.penalize(host, hold))
+    }
+}
+
+/// What the acquire script answered.
+enum Answer {
+    Admitted,
+    /// No send for `wait`; `full` when the in-flight cap is taken.
+    Wait {
+        wait: Duration,
+        full: bool,
+    },
+}
+
+fn unavailable(op: Op, err: QueryError) -> Error {
+    match err {
+        QueryError::Redis(e) => Error::unavailable(op, e),
+        QueryError::Pool(e) => Error::Unavailable { op, source: e },
+    }
+}
+
+/// A random lease token; unique per acquire, so a late release of an
+/// expired lease can never free a newer one.
+fn new_token() -> Arc<str> {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into()
+}
+
+impl Shared {
+    async fn acquire(
+        self: &Arc<Self>,
+        engine: &str,
+        host: HostKey,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Error> {
+        let start = Instant::now();
+        let report = WaitReport::new(&*self.hooks, engine, &host, start);
+        let local = match self
+            .local
+            .acquire_host(engine, host.clone(), deadline)
+            .await
+        {
+            Ok(permit) => permit,
+            Err(err) => {
+                if matches!(err, Error::WaitBudget { .. }) {
+                    report.finish(WaitOutcome::BudgetExceeded);
+                } else {
+                    report.abandon();
+                }
+                return Err(err);
+            }
+        };
+        let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
+        let token = new_token();
+        let runtime = Handle::current();
+        loop {
+            let mut booking = Booking {
+                shared: self,
+                keys: &keys,
+                token: &token,
+                runtime: &runtime,
+                armed: true,
+            };
+            let answer = self.try_acquire(&keys, &token).await;
+            booking.armed = false;
+            drop(booking);
+            let (wait, full) = match answer {
+                Ok(Answer::Admitted) => {
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    return Ok(self.permit(host, waited, keys, token, local, runtime));
+                }
+                Ok(Answer::Wait { wait, full }) => (wait, full),
+                Err(err) => {
+                    self.hooks.on_error(Op::Acquire, &err);
+                    tracing::warn!(host = %host, error = %err, "acquire failed");
+                    report.abandon();
+                    return Err(err);
+                }
+            };
+            let now = Instant::now();
+            let pause = if full {
+                wait.max(self.concurrency_retry)
+            } else {
+                wait
+            };
+            let mut wake = after(now, self.pacing.jittered(pause));
+            if let Some(deadline) = deadline {
+                // A known wait that cannot fit fails at once; a full host
+                // (whose wait nobody knows) is retried until the deadline.
+                let ready = after(now, wait);
+                if ready > deadline || (full && now >= deadline) {
+                    return Err(report.over_budget(after(now, pause), deadline, now));
+                }
+                wake = wake.min(deadline);
+            }
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+
+    async fn try_acquire(&self, keys: &RedisKeys, token: &str) -> Result<Answer, Error> {
+        let reply: Vec<i64> = ACQUIRE
+            .run(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+                cmd.arg(token)
+                    .arg(self.min_delay_us)
+                    .arg(self.cluster_concurrency)
+                    .arg(self.lease_ttl_us)
+                    .arg(self.pacing.quota())
+                    .arg(self.window_us)
+                    .arg(self.max_wait_us);
+            })
+            .await
+            .map_err(|e| unavailable(Op::Acquire, e))?;
+        match reply[..] {
+            [1, _] => Ok(Answer::Admitted),
+            [0, wait, full @ (0 | 1)] if wait >= 0 => Ok(Answer::Wait {
+                // The script caps waits at max_wait_us; so does this.
+                wait: Duration::from_micros((wait as u64).min(self.max_wait_us)),
+                full: full == 1,
+            }),
+            _ => Err(Error::unavailable(
+                Op::Acquire,
+                format!("unexpected reply from the acquire script: {reply:?}"),
+            )),
+        }
+    }
+
+    fn permit(
+        self: &Arc<Self>,
+        host: HostKey,
+        waited: Duration,
+        keys: Arc<RedisKeys>,
+        token: Arc<str>,
+        local: Permit,
+        runtime: Handle,
+    ) -> Permit {
+        let renewal = runtime
+            .spawn(Arc::clone(self).renew_until_released(Arc::clone(&keys), Arc::clone(&token)))
+            .abort_handle();
+        let shared = Arc::clone(self);
+        Permit::new(host, waited, move || {
+            renewal.abort();
+            drop(local);
+            runtime.spawn(async move { shared.release(&keys, &token, false).await });
+        })
+    }
+
+    /// Renews the lease every `lease_ttl / 2` while the permit is held.
+    async fn renew_until_released(self: Arc<Self>, keys: Arc<RedisKeys>, token: Arc<str>) {
+        let period = self.lease_ttl / 2;
+        loop {
+            tokio::time::sleep(period).await;
+            let renewed = RENEW
+                .run::<i64>(&self.redis, &keys.all()[..2], |cmd: &mut Cmd| {
+                    cmd.arg(&*token)
+                        .arg(self.cluster_concurrency)
+                        .arg(self.lease_ttl_us);
+                })
+                .await;
+            match renewed {
+                Ok(1) => {}
+                Ok(_) => {
+                    let err = Error::unavailable(
+                        Op::Renew,
+                        "the lease had lapsed before it was renewed; its slot may be taken",
+                    );
+                    tracing::warn!(gate = %keys.gate, "lease lost");
+                    self.hooks.on_error(Op::Renew, &err);
+                    return;
+                }
+                Err(e) => {
+                    let err = unavailable(Op::Renew, e);
+                    tracing::warn!(gate = %keys.gate, error = %err, "lease renewal failed");
+                    self.hooks.on_error(Op::Renew, &err);
+                }
+            }
+        }
+    }
+
+    /// Returns the slot; `abandoned` when the caller never saw the admission.
+    async fn release(&self, keys: &RedisKeys, token: &str, abandoned: bool) {
+        let released = RELEASE
+            .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+                cmd.arg(token)
+                    .arg(self.min_delay_us)
+                    .arg(self.cluster_concurrency)
+                    .arg(u8::from(abandoned));
+            })
+            .await;
+        if let Err(e) = released {
+            let err = unavailable(Op::Release, e);
+            tracing::warn!(gate = %keys.gate, error = %err, "release failed");
+            self.hooks.on_error(Op::Release, &err);
+        }
+    }
+
+    async fn penalize(self: &Arc<Self>, host: HostKey, hold: Duration) -> Result<(), Error> {
+        let hold_us = hold.min(self.pacing.max_penalty()).as_micros() as u64;
+        if hold_us == 0 {
+            return Ok(());
+        }
+        let keys = RedisKeys::new(&self.prefix, &self.scope, &host);
+        let result = PENALIZE
+            .run::<i64>(&self.redis, &[keys.gate.as_str()], |cmd: &mut Cmd| {
+                cmd.arg(hold_us);
+            })
+            .await;
+        match result {
+            Ok(_) => {
+                tracing::debug!(host = %host, hold_us, "host penalized");
+                Ok(())
+            }
+            Err(e) => {
+                let err = unavailable(Op::Penalize, e);
+                tracing::warn!(host = %host, error = %err, "penalize failed");
+                self.hooks.on_error(Op::Penalize, &err);
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Guards an acquire script in flight: if the acquire is dropped before its
+/// answer arrives, the script may still have admitted it, so the token is
+/// released (as abandoned) off the caller's path.
+struct Booking<'a> {
+    shared: &'a Arc<Shared>,
+    keys: &'a Arc<RedisKeys>,
+    token: &'a Arc<str>,
+    runtime: &'a Handle,
+    armed: bool,
+}
+
+impl Drop for Booking<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (shared, keys, token) = (
+                Arc::clone(self.shared),
+                Arc::clone(self.keys),
+                Arc::clone(self.token),
+            );
+            self.runtime
+                .spawn(async move { shared.release(&keys, &token, true).await });
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! `RedisPool`: one type over standalone, Sentinel and Cluster deployments.
+
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool::managed;
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use deadpool_redis::redis::cluster_async::ClusterConnection;
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, ServerErrorKind,
+};
+
+use crate::{BoxError, ConfigError};
+
+/// Timeouts and size of the pools the `RedisPool` constructors build.
+///
+/// A deadpool pool waits forever by default, and a Redis connection without
+/// a response timeout waits forever on a frozen server; a pacing limiter in
+/// front of every request must not. These defaults bound every Redis call
+/// to about a second, after which the limiter reports
+/// [`Error::Unavailable`](crate::Error::Unavailable) and a
+/// [`FallbackLimiter`](crate::FallbackLimiter) paces in-process instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisTimeouts {
+    /// Establishing a connection (TCP connect and handshake).
+    pub connect: Duration,
+    /// Waiting for the reply to one command.
+    pub response: Duration,
+    /// Waiting for a free connection in the pool.
+    pub pool_wait: Duration,
+    /// Connections the pool keeps at most.
+    pub max_connections: usize,
+}
+
+impl Default for RedisTimeouts {
+    /// Connect 1 s, response 500 ms, pool wait 1 s, 16 connections.
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(1),
+            response: Duration::from_millis(500),
+            pool_wait: Duration::from_secs(1),
+            max_connections: 16,
+        }
+    }
+}
+
+/// A pool of connections to one Redis deployment.
+///
+/// The limiter only runs scripts on it and does not care which deployment
+/// it is. A pool passed in as a variant is used exactly as configured: set
+/// its timeouts (see [`RedisTimeouts`] for why). The constructors build
+/// pools with timeouts set.
+///
+/// ```no_run
+/// use redislimit::{RedisPool, RedisTimeouts};
+///
+/// let standalone = RedisPool::standalone("redis://127.0.0.1:6379/", RedisTimeouts::default())?;
+/// let cluster = RedisPool::cluster(&["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"], RedisTimeouts::default())?;
+/// let sentinel = RedisPool::sentinel(&["redis://10.0.0.1:26379/"], "mymaster", RedisTimeouts::default())?;
+///
+/// // Or bring your own deadpool-redis pool, with your own timeouts:
+/// use redislimit::deadpool_redis::{Config, Runtime, PoolConfig, Timeouts};
+/// use std::time::Duration;
+/// let mut config = Config::from_url("redis://127.0.0.1:6379/");
+/// config.pool = Some(PoolConfig {
+///     timeouts: Timeouts {
+///         wait: Some(Duration::from_secs(1)),
+///         create: Some(Duration::from_secs(1)),
+///         recycle: Some(Duration::from_millis(500)),
+///     },
+///     ..PoolConfig::default()
+/// });
+/// let mine = RedisPool::Standalone(config.create_pool(Some(Runtime::Tokio1)).unwrap());
+/// # Ok::<(), redislimit::ConfigError>(())
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum RedisPool {
+    /// One Redis server.
+    Standalone(deadpool_redis::Pool),
+    /// A master found through Sentinel; connections that meet `READONLY`
+    /// after a failover are dropped, so the next call finds the new master.
+    Sentinel(deadpool_redis::sentinel::Pool),
+    /// A Redis Cluster through a [`ClusterClient`] you configure (set its
+    /// `response_timeout`); what [`RedisPool::cluster`] builds.
+    Cluster(ClusterPool),
+    /// A Redis Cluster through deadpool-redis' own cluster pool. That pool
+    /// cannot set a response timeout, so a frozen node stalls a call until
+    /// the operating system gives up; prefer [`RedisPool::Cluster`].
+    DeadpoolCluster(deadpool_redis::cluster::Pool),
+}
+
+impl fmt::Debug for RedisPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (kind, status) = match self {
+            Self::Standalone(p) => ("Standalone", p.status()),
+            Self::Sentinel(p) => ("Sentinel", p.status()),
+            Self::Cluster(p) => ("Cluster", p.status()),
+            Self::DeadpoolCluster(p) => ("DeadpoolCluster", p.status()),
+        };
+        f.debug_tuple(kind).field(&status).finish()
+    }
+}
+
+fn invalid(err: impl fmt::Display) -> ConfigError {
+    ConfigError::InvalidRedis {
+        reason: err.to_string(),
+    }
+}
+
+impl RedisPool {
+    /// A pool of connections to one server at `url` (`redis://host:port/db`).
+    pub fn standalone(url: &str, timeouts: RedisTimeouts) -> Result<Self, ConfigError> {
+        let connection = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response));
+        let manager = deadpool_redis::Manager::new_with_config(url, connection).map_err(invalid)?;
+        let pool = deadpool_redis::Pool::builder(manager)
+            .max_size(timeouts.max_connections)
+            .wait_timeout(Some(timeouts.pool_wait))
+            .create_timeout(Some(timeouts.connect))
+            .recycle_timeout(Some(timeouts.response))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(invalid)?;
+        Ok(Self::Standalone(pool))
+    }
+
+    /// A pool of connections to the master that the Sentinels at
+    /// `sentinels` know as `master_name`. Connections use the Redis
+    /// client's default timeouts (1 s connect, 500 ms response).
+    pub fn sentinel(
+        sentinels: &[&str],
+        master_name: &str,
+        timeouts: RedisTimeouts,
+    ) -> Result<Self, ConfigError> {
+        let manager = deadpool_redis::sentinel::Manager::new(
+            sentinels.to_vec(),
+            master_name.to_owned(),
+            None,
+            deadpool_redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(invalid)?;
+        let pool = deadpool_redis::sentinel::Pool::builder(manager)
+            .max_size(timeouts.max_connections)
+            .wait_timeout(Some(timeouts.pool_wait))
+            .create_timeout(Some(timeouts.connect))
+            .recycle_timeout(Some(timeouts.response))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(invalid)?;
+        Ok(Self::Sentinel(pool))
+    }
+
+    /// A pool of cluster connections seeded from `nodes`.
+    pub fn cluster(nodes: &[&str], timeouts: RedisTimeouts) -> Result<Self, ConfigError> {
+        let client = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.response)
+            .retries(2)
+            .build()
+            .map_err(invalid)?;
+        let pool = ClusterPool::builder(ClusterManager::new(client))
+            .max_size(timeouts.max_connections)
+            .wait_timeout(Some(timeouts.pool_wait))
+            .create_timeout(Some(timeouts.connect))
+            .recycle_timeout(Some(timeouts.response))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(invalid)?;
+        Ok(Self::Cluster(pool))
+    }
+}
+
+/// One multiplexed connection taken from the pool and shared by every call
+/// (a multiplexed connection pipelines concurrent commands), so a call
+/// costs one round trip and no pool check-out (deadpool pings a connection
+/// each time it hands it out). A connection that failed in a way that can
+/// outlive the call (I/O, timeout, `READONLY` after a failover) is dropped,
+/// and the next call takes a fresh one from the pool, within the pool's
+/// own timeouts.
+pub(crate) struct Connections {
+    pool: RedisPool,
+    /// The shared connection and its generation.
+    current: Mutex<(u64, Option<Conn>)>,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Connections {
+    pub(crate) fn new(pool: RedisPool) -> Self {
+        Self {
+            pool,
+            current: Mutex::new((0, None)),
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &RedisPool {
+        &self.pool
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<Conn>)> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn connection(&self) -> Result<(u64, Conn), QueryError> {
+        if let (generation, Some(conn)) = &*self.lock() {
+            return Ok((*generation, conn.clone()));
+        }
+        let pool_err = |e: deadpool_redis::PoolError| QueryError::Pool(Box::new(e));
+        let conn = match &self.pool {
+            RedisPool::Standalone(p) => Conn::Single(deadpool_redis::Connection::take(
+                p.get().await.map_err(pool_err)?,
+            )),
+            RedisPool::Sentinel(p) => Conn::Single(deadpool_redis::sentinel::Connection::take(
+                p.get().await.map_err(pool_err)?,
+            )),
+            RedisPool::Cluster(p) => Conn::Cluster(managed::Object::take(
+                p.get().await.map_err(|e| QueryError::Pool(Box::new(e)))?,
+            )),
+            RedisPool::DeadpoolCluster(p) => Conn::Cluster(
+                deadpool_redis::cluster::Connection::take(p.get().await.map_err(pool_err)?),
+            ),
+        };
+        let mut current = self.lock();
+        current.0 += 1;
+        current.1 = Some(conn.clone());
+        Ok((current.0, conn))
+    }
+
+    /// Runs `cmd` on the shared connection.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, QueryError> {
+        let (generation, mut conn) = self.connection().await?;
+        let result = match &mut conn {
+            Conn::Single(c) => cmd.query_async::<T>(c).await,
+            Conn::Cluster(c) => cmd.query_async::<T>(c).await,
+        };
+        result.map_err(|err| {
+            if should_discard(&err) {
+                let mut current = self.lock();
+                if current.0 == generation {
+                    current.1 = None;
+                }
+            }
+            QueryError::Redis(err)
+        })
+    }
+}
+
+fn should_discard(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || matches!(
+            err.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+}
+
+/// Why a Redis call failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QueryError {
+    /// No connection could be had from the pool.
+    #[error("no Redis connection: {0}")]
+    Pool(#[source] BoxError),
+    /// The command failed.
+    #[error(transparent)]
+    Redis(RedisError),
+}
+
+impl QueryError {
+    pub(crate) fn is_noscript(&self) -> bool {
+        matches!(self, Self::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+    }
+}
+
+/// A deadpool pool of Redis Cluster connections.
+pub type ClusterPool = managed::Pool<ClusterManager>;
+
+/// Creates and recycles [`ClusterConnection`]s for a [`ClusterPool`].
+pub struct ClusterManager {
+    client: ClusterClient,
+}
+
+impl ClusterManager {
+    /// A manager opening connections with `client`, configured as you like
+    /// (set its `response_timeout` and `connection_timeout`).
+    pub fn new(client: ClusterClient) -> Self {
+        Self { client }
+    }
+}
+
+impl fmt::Debug for ClusterManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterManager").finish_non_exhaustive()
+    }
+}
+
+impl managed::Manager for ClusterManager {
+    type Type = ClusterConnection;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<ClusterConnection, RedisError> {
+        self.client.get_async_connection().await
+    }
+
+    async fn recycle(
+        &self,
+        conn: &mut ClusterConnection,
+        _: &managed::Metrics,
+    ) -> managed::RecycleResult<RedisError> {
+        redis::cmd("PING").query_async::<()>(conn).await?;
+        Ok(())
+    }
+}

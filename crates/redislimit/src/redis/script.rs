@@ -1,0 +1,63 @@
+//! The Lua scripts, one per operation, and how they are run: EVALSHA, and
+//! EVAL when the server answers NOSCRIPT (a restart, a new Cluster node).
+
+use std::sync::LazyLock;
+
+use deadpool_redis::redis::{self, Cmd, FromRedisValue};
+
+use super::pool::{Connections, QueryError};
+
+/// One script: its source (the shared helpers, then the operation) and its
+/// SHA-1, computed once.
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    source: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    /// Runs the script on `keys`, with the arguments `args` appends.
+    ///
+    /// One EVALSHA when the server has the script cached; otherwise EVAL,
+    /// which also caches it on the node that serves these keys.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        redis: &Connections,
+        keys: &[&str],
+        args: impl Fn(&mut Cmd),
+    ) -> Result<T, QueryError> {
+        let call = |name: &str, body: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(body).arg(keys.len()).arg(keys);
+            args(&mut cmd);
+            cmd
+        };
+        match redis.query(&call("EVALSHA", &self.sha)).await {
+            Err(err) if err.is_noscript() => redis.query(&call("EVAL", self.source)).await,
+            result => result,
+        }
+    }
+}
+
+macro_rules! script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            LuaScript::new(concat!(
+                include_str!("scripts/common.lua"),
+                include_str!(concat!("scripts/", $file))
+            ))
+        })
+    };
+}
+
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = script!("acquire.lua");
+pub(crate) static RELEASE: LazyLock<LuaScript> = script!("release.lua");
+pub(crate) static RENEW: LazyLock<LuaScript> = script!("renew.lua");
+pub(crate) static PENALIZE: LazyLock<LuaScript> = script!("penalize.lua");

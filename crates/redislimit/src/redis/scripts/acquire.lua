@@ -1,0 +1,76 @@
+-- acquire.lua: admit one request to a host, or say how long to wait.
+--
+-- KEYS[1] gate    HASH  next (no send before, µs), holder + busy (serialized
+--                       mode: the token sending now and its lease deadline)
+-- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only
+-- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only
+-- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
+-- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
+--
+-- Returns {1, now} when admitted, or {0, wait, full}: no send for `wait` µs,
+-- and full = 1 when the host's in-flight cap is taken (retry soon after).
+local gate, leases, admits = KEYS[1], KEYS[2], KEYS[3]
+local token = ARGV[1]
+local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local now = clock()
+
+local state = redis.call('HMGET', gate, 'next', 'holder', 'busy')
+local nxt, holder, busy = number(state[1]), state[2], number(state[3])
+if nxt == nil or busy == nil then
+  return corrupt(gate)
+end
+
+local full = 0
+if cap == 0 then
+  if holder then
+    if busy > now then
+      full = 1
+    else
+      -- The holder's lease lapsed (its replica died): its request counts as
+      -- ending at the lease deadline, so the gap after it is still kept.
+      nxt = math.max(nxt, busy + min_delay)
+    end
+  end
+else
+  redis.call('ZREMRANGEBYSCORE', leases, '-inf', int(now))
+  if redis.call('ZCARD', leases) >= cap then
+    full = 1
+  end
+end
+
+local wait = nxt - now
+if quota > 0 then
+  -- An admission at `a` counts while a <= now < a + window.
+  redis.call('ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+  local n = redis.call('ZCARD', admits)
+  if n >= quota then
+    local oldest = redis.call('ZRANGE', admits, n - quota, n - quota, 'WITHSCORES')
+    wait = math.max(wait, tonumber(oldest[2]) + window - now)
+  end
+end
+
+if full == 1 or wait > 0 then
+  -- A clock that stepped back, or a value from elsewhere, never asks for
+  -- more than the longest wait this configuration can produce.
+  return {0, math.min(math.max(wait, 0), max_wait), full}
+end
+
+nxt = math.max(nxt, now + min_delay)
+local deadline = now + lease_ttl
+if cap == 0 then
+  redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
+  extend(gate, math.max(nxt, deadline) - now)
+else
+  if nxt > now then
+    redis.call('HSET', gate, 'next', int(nxt))
+    extend(gate, nxt - now)
+  end
+  redis.call('ZADD', leases, int(deadline), token)
+  extend(leases, lease_ttl)
+end
+if quota > 0 then
+  redis.call('ZADD', admits, int(now), token)
+  extend(admits, window)
+end
+return {1, now}

@@ -1,0 +1,20 @@
+-- penalize.lua: hold a host back (Retry-After) on every replica.
+--
+-- KEYS[1] gate   (layout in acquire.lua)
+-- ARGV[1] hold (µs, already capped by the configured maximum penalty)
+--
+-- Only ever extends the hold. Returns 1 when it extended it, 0 when a
+-- longer hold was already in place.
+local gate = KEYS[1]
+local now = clock()
+local nxt = number(redis.call('HGET', gate, 'next'))
+if nxt == nil then
+  return corrupt(gate)
+end
+local hold_until = now + tonumber(ARGV[1])
+if hold_until <= nxt then
+  return 0
+end
+redis.call('HSET', gate, 'next', int(hold_until))
+extend(gate, hold_until - now)
+return 1

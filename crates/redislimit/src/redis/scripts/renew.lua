@@ -1,0 +1,25 @@
+-- renew.lua: extend the lease of a request still in flight.
+--
+-- KEYS[1] gate   KEYS[2] leases   (layout in acquire.lua)
+-- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
+--
+-- Returns 1 when the lease was extended, 0 when the token had lost its slot.
+local gate, leases = KEYS[1], KEYS[2]
+local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local deadline = clock() + lease_ttl
+
+if cap == 0 then
+  if redis.call('HGET', gate, 'holder') ~= token then
+    return 0
+  end
+  redis.call('HSET', gate, 'busy', int(deadline))
+  extend(gate, lease_ttl)
+  return 1
+end
+
+if not redis.call('ZSCORE', leases, token) then
+  return 0
+end
+redis.call('ZADD', leases, 'XX', int(deadline), token)
+extend(leases, lease_ttl)
+return 1

@@ -1,0 +1,129 @@
+//! `RedisLimiter` configuration is refused at construction when Redis' Lua
+//! could not hold it exactly or when it would break the key layout. No
+//! server is needed: nothing is sent to Redis before the first acquire.
+#![cfg(feature = "redis")]
+
+use std::time::Duration;
+
+use redislimit::{ConfigError, MAX_MICROS, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+
+fn pool() -> RedisPool {
+    RedisPool::standalone("redis://127.0.0.1:1/", RedisTimeouts::default()).unwrap()
+}
+
+#[test]
+fn values_lua_cannot_represent_exactly_are_refused() {
+    let over = Duration::from_micros(MAX_MICROS + 1);
+    let edge = Duration::from_micros(MAX_MICROS);
+    assert!(matches!(
+        RedisLimiter::builder(pool(), "domain")
+            .lease_ttl(over)
+            .build(),
+        Err(ConfigError::OutOfRange {
+            field: "lease_ttl",
+            ..
+        })
+    ));
+    assert!(
+        RedisLimiter::builder(pool(), "domain")
+            .lease_ttl(edge)
+            .build()
+            .is_ok()
+    );
+    assert!(matches!(
+        RedisLimiter::builder(pool(), "domain")
+            .concurrency_retry(over)
+            .build(),
+        Err(ConfigError::OutOfRange {
+            field: "concurrency_retry",
+            ..
+        })
+    ));
+    // Pacing durations are checked by the same rule before they get here.
+    assert!(matches!(
+        Pacing::builder().min_delay(over).build(),
+        Err(ConfigError::OutOfRange {
+            field: "min_delay",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn settings_that_would_switch_pacing_off_are_refused() {
+    assert_eq!(
+        RedisLimiter::builder(pool(), "domain")
+            .lease_ttl(Duration::ZERO)
+            .build()
+            .unwrap_err(),
+        ConfigError::Zero { field: "lease_ttl" }
+    );
+    assert_eq!(
+        RedisLimiter::builder(pool(), "domain")
+            .lease_ttl(Duration::from_nanos(10))
+            .build()
+            .unwrap_err(),
+        ConfigError::BelowResolution {
+            field: "lease_ttl",
+            value: Duration::from_nanos(10)
+        }
+    );
+    assert_eq!(
+        RedisLimiter::builder(pool(), "domain")
+            .concurrency_retry(Duration::ZERO)
+            .build()
+            .unwrap_err(),
+        ConfigError::Zero {
+            field: "concurrency_retry"
+        }
+    );
+}
+
+#[test]
+fn names_that_could_steer_keys_are_refused() {
+    for scope in ["", "a{b}", "two words", "ünï"] {
+        assert!(
+            matches!(
+                RedisLimiter::builder(pool(), scope).build(),
+                Err(ConfigError::InvalidName { field: "scope", .. })
+            ),
+            "{scope:?}"
+        );
+    }
+    assert!(matches!(
+        RedisLimiter::builder(pool(), "domain").prefix("x}").build(),
+        Err(ConfigError::InvalidName {
+            field: "prefix",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_bad_redis_url_is_a_config_error() {
+    assert!(matches!(
+        RedisPool::standalone("not a url", RedisTimeouts::default()),
+        Err(ConfigError::InvalidRedis { .. })
+    ));
+}
+
+#[test]
+fn the_fallback_gets_the_limiters_pacing() {
+    let pacing = Pacing::builder()
+        .max_concurrent(8)
+        .min_delay(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let serialized = RedisLimiter::builder(pool(), "domain")
+        .pacing(pacing.clone())
+        .build()
+        .unwrap();
+    assert_eq!(serialized.fallback_pacing().max_concurrent(), 1);
+    assert_eq!(serialized.fallback_pacing().min_delay(), pacing.min_delay());
+    let lease = RedisLimiter::builder(pool(), "domain")
+        .pacing(pacing)
+        .cluster_concurrency(3)
+        .build()
+        .unwrap();
+    assert_eq!(lease.fallback_pacing().max_concurrent(), 3);
+}

@@ -1,0 +1,193 @@
+//! Redis killed, frozen and restarted mid-run: typed errors within the
+//! client timeouts, in-process pacing meanwhile, shared pacing afterwards.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use redislimit::{Error, FallbackLimiter, Limiter, RedisLimiter};
+use redislimit_tests::RedisServer;
+use redislimit_tests::record::{Recorder, assert_serialized};
+
+use crate::{MS, bounded, host, limiter, standalone};
+
+fn serialized(server: &RedisServer) -> RedisLimiter {
+    limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(20 * MS),
+        |b| b.lease_ttl(Duration::from_secs(2)),
+    )
+}
+
+/// Acquires through `l` until `stop`, counting admissions.
+fn keep_crawling(
+    l: Arc<FallbackLimiter<RedisLimiter>>,
+    count: Arc<AtomicUsize>,
+    stop: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while stop.load(Ordering::SeqCst) == 0 {
+            let p = l
+                .acquire_host("t", host("a.test"), None)
+                .await
+                .expect("the fallback must keep pacing");
+            tokio::time::sleep(2 * MS).await;
+            drop(p);
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+}
+
+async fn assert_unavailable_soon(l: &RedisLimiter) {
+    let start = Instant::now();
+    let err = bounded(10, l.acquire_host("t", host("a.test"), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?} to fail",
+        start.elapsed()
+    );
+}
+
+/// After a fault ends, the plain limiter works again (retrying a few times:
+/// the first calls may still meet the old connection).
+async fn recovers(l: &RedisLimiter) {
+    for _ in 0..50 {
+        if let Ok(p) = l.acquire_host("t", host("recovered.test"), None).await {
+            drop(p);
+            return;
+        }
+        tokio::time::sleep(100 * MS).await;
+    }
+    panic!("the limiter never recovered");
+}
+
+/// Two replicas share pacing again: serialized, no overlap.
+async fn shared_again(server: &RedisServer) {
+    let replicas: Vec<Arc<dyn Limiter>> = (0..2)
+        .map(|_| Arc::new(serialized(server)) as Arc<dyn Limiter>)
+        .collect();
+    let rec: Arc<Recorder> = crate::drive_all(&replicas, &["shared.test"], 2, 4, 30 * MS).await;
+    assert_serialized(&rec.host("shared.test"), 20 * MS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_falls_back_then_shares_again() {
+    let server = RedisServer::start();
+    let plain = serialized(&server);
+    let fallback = Arc::new(serialized(&server).with_fallback());
+    let (count, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let crawler = keep_crawling(Arc::clone(&fallback), Arc::clone(&count), Arc::clone(&stop));
+    tokio::time::sleep(200 * MS).await;
+
+    server.kill();
+    assert_unavailable_soon(&plain).await;
+    let at_kill = count.load(Ordering::SeqCst);
+    tokio::time::sleep(500 * MS).await;
+    assert!(
+        count.load(Ordering::SeqCst) > at_kill + 3,
+        "the fallback stopped pacing"
+    );
+
+    server.restart(); // a fresh server: no scripts cached, no state
+    recovers(&plain).await;
+    shared_again(&server).await;
+    stop.store(1, Ordering::SeqCst);
+    bounded(10, crawler).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen_mid_run_never_hangs_an_acquire() {
+    let server = RedisServer::start();
+    let plain = serialized(&server);
+    let fallback = Arc::new(serialized(&server).with_fallback());
+    let (count, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let crawler = keep_crawling(Arc::clone(&fallback), Arc::clone(&count), Arc::clone(&stop));
+    tokio::time::sleep(200 * MS).await;
+
+    server.pause();
+    assert_unavailable_soon(&plain).await;
+    let at_freeze = count.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        count.load(Ordering::SeqCst) > at_freeze,
+        "the fallback stopped pacing"
+    );
+
+    server.resume();
+    recovers(&plain).await;
+    shared_again(&server).await;
+    stop.store(1, Ordering::SeqCst);
+    bounded(20, crawler).await.unwrap();
+}
+
+#[derive(Debug, Default)]
+struct Counted {
+    waits: std::sync::Mutex<Vec<redislimit::WaitOutcome>>,
+    errors: std::sync::Mutex<Vec<(redislimit::Op, String)>>,
+}
+
+impl redislimit::Hooks for Counted {
+    fn on_wait(&self, _engine: &str, outcome: redislimit::WaitOutcome, _waited: Duration) {
+        self.waits.lock().unwrap().push(outcome);
+    }
+
+    fn on_error(&self, op: redislimit::Op, error: &Error) {
+        assert!(error.is_unavailable(), "{error:?}");
+        self.errors.lock().unwrap().push((op, error.to_string()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_count_each_decision_once_while_falling_back_and_report_failed_releases() {
+    use redislimit::{Op, WaitOutcome};
+
+    let server = RedisServer::start();
+    let hooks = Arc::new(Counted::default());
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(MS),
+        |b| b.hooks(hooks.clone()),
+    )
+    .with_fallback();
+
+    // Healthy: one decision, one report.
+    let held = l.acquire_host("t", host("a.test"), None).await.unwrap();
+    assert_eq!(*hooks.waits.lock().unwrap(), [WaitOutcome::Acquired]);
+
+    // Redis dies while the permit is held: the release fails off the
+    // caller's path and is reported with its error.
+    server.kill();
+    drop(held);
+    for _ in 0..100 {
+        if !hooks.errors.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(20 * MS).await;
+    }
+    assert_eq!(
+        hooks.errors.lock().unwrap().first().map(|e| e.0),
+        Some(Op::Release)
+    );
+
+    // While down, every acquire is decided once (by the fallback), and each
+    // primary failure is reported once as an acquire error.
+    hooks.waits.lock().unwrap().clear();
+    hooks.errors.lock().unwrap().clear();
+    for _ in 0..5 {
+        drop(
+            bounded(10, l.acquire_host("t", host("a.test"), None))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(*hooks.waits.lock().unwrap(), [WaitOutcome::Acquired; 5]);
+    let errors = hooks.errors.lock().unwrap().clone();
+    assert_eq!(
+        errors.iter().filter(|e| e.0 == Op::Acquire).count(),
+        5,
+        "{errors:?}"
+    );
+}

@@ -1,0 +1,136 @@
+//! Leases: a crashed replica's slot comes back within `lease_ttl`; a live
+//! long request keeps its slot by renewing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redislimit::{Limiter, RedisLimiter};
+use redislimit_tests::RedisServer;
+use redislimit_tests::record::{Recorder, assert_serialized};
+
+use crate::{MS, bounded, host, limiter, standalone};
+
+/// Acquires a permit on a runtime of its own and then "crashes": the permit
+/// is leaked and the runtime (with the lease renewal task) is shut down, as
+/// when the process dies. Returns the instant just before the acquire.
+fn crash_while_holding(l: RedisLimiter) -> Instant {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let before = Instant::now();
+        rt.block_on(async {
+            let permit = l.acquire_host("t", host("a.test"), None).await.unwrap();
+            std::mem::forget(permit);
+        });
+        drop(rt);
+        before
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_replicas_lease_returns_within_lease_ttl() {
+    let server = RedisServer::start();
+    let ttl = 400 * MS;
+    let make = || {
+        limiter(
+            standalone(&server.url()),
+            |p| p,
+            |b| {
+                b.cluster_concurrency(1)
+                    .lease_ttl(ttl)
+                    .concurrency_retry(10 * MS)
+            },
+        )
+    };
+    let before = crash_while_holding(make());
+    let survivor = make();
+    let permit = bounded(
+        10,
+        survivor.acquire_host(
+            "t",
+            host("a.test"),
+            Some(tokio::time::Instant::now() + 5 * ttl),
+        ),
+    )
+    .await
+    .expect("the dead replica's slot never came back");
+    let sent = Instant::now();
+    assert!(
+        sent >= before + ttl,
+        "admitted {:?} after the crash, before the lease ran out",
+        sent - before
+    );
+    drop(permit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serialized_mode_after_a_crash_waits_for_the_lease_and_then_min_delay() {
+    let server = RedisServer::start();
+    let (ttl, gap) = (300 * MS, 200 * MS);
+    let make = || {
+        limiter(
+            standalone(&server.url()),
+            |p| p.min_delay(gap),
+            |b| b.lease_ttl(ttl).concurrency_retry(10 * MS),
+        )
+    };
+    let before = crash_while_holding(make());
+    let survivor = make();
+    let permit = bounded(10, survivor.acquire_host("t", host("a.test"), None))
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    assert!(
+        sent >= before + ttl + gap,
+        "sent {:?} after the crash; the host was free only after lease_ttl + min_delay",
+        sent - before
+    );
+    drop(permit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_held_for_three_lease_ttls_keeps_its_slot() {
+    let server = RedisServer::start();
+    let ttl = 300 * MS;
+    for cap in [0, 1] {
+        let make = || {
+            Arc::new(limiter(
+                standalone(&server.url()),
+                |p| p,
+                |b| {
+                    b.cluster_concurrency(cap)
+                        .lease_ttl(ttl)
+                        .concurrency_retry(10 * MS)
+                        .prefix(format!("cap{cap}"))
+                },
+            ))
+        };
+        let (a, b) = (make(), make());
+        let rec = Arc::new(Recorder::new());
+        let long = a.acquire_host("t", host("a.test"), None).await.unwrap();
+        let send = Instant::now();
+        let other = {
+            let (b, rec) = (Arc::clone(&b), Arc::clone(&rec));
+            tokio::spawn(async move {
+                let p = b.acquire_host("t", host("a.test"), None).await.unwrap();
+                let send = Instant::now();
+                tokio::time::sleep(10 * MS).await;
+                rec.record("a.test", 1, send, Instant::now());
+                drop(p);
+            })
+        };
+        tokio::time::sleep(3 * ttl).await;
+        assert!(
+            !other.is_finished(),
+            "cap {cap}: the long request's slot was taken"
+        );
+        rec.record("a.test", 0, send, Instant::now());
+        drop(long);
+        bounded(10, other).await.unwrap();
+        assert_serialized(&rec.host("a.test"), Duration::ZERO);
+    }
+}

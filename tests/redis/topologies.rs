@@ -1,0 +1,136 @@
+//! The same limiter through a real 3-master Redis Cluster and through
+//! Sentinel, including a failover mid-run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redislimit::{Limiter, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit_tests::record::{assert_serialized, max_in_flight, min_send_gap};
+use redislimit_tests::{RedisCluster, RedisSentinel};
+
+use crate::modes::SLACK;
+use crate::{MS, bounded, drive_all, host, limiter};
+
+/// Host names whose keys land on different masters.
+const HOSTS: [&str; 6] = ["a.test", "b.test", "c.test", "d.test", "e.test", "f.test"];
+
+fn cluster_pool(cluster: &RedisCluster) -> RedisPool {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisPool::cluster(&urls, RedisTimeouts::default()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_serialized_mode_keeps_invariant_1() {
+    let cluster = RedisCluster::start();
+    let gap = 5 * MS;
+    let replicas: Vec<Arc<dyn Limiter>> = (0..3)
+        .map(|_| {
+            Arc::new(limiter(
+                cluster_pool(&cluster),
+                |p| p.max_concurrent(2).min_delay(gap),
+                |b| b,
+            )) as Arc<dyn Limiter>
+        })
+        .collect();
+    let rec = drive_all(&replicas, &HOSTS, 3, 6, 20 * MS).await;
+    for name in HOSTS {
+        let reqs = rec.host(name);
+        assert_eq!(reqs.len(), 9, "{name}");
+        assert_serialized(&reqs, gap);
+    }
+    // The keys really are spread over the masters.
+    let populated = cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.command(&["DBSIZE"]).trim() != ":0")
+        .count();
+    assert!(populated >= 2, "all hosts' keys landed on one master");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_lease_mode_keeps_invariant_2() {
+    let cluster = RedisCluster::start();
+    let spacing = 15 * MS;
+    let replicas: Vec<Arc<dyn Limiter>> = (0..3)
+        .map(|_| {
+            Arc::new(limiter(
+                cluster_pool(&cluster),
+                |p| p.min_delay(spacing),
+                |b| b.cluster_concurrency(2).concurrency_retry(5 * MS),
+            )) as Arc<dyn Limiter>
+        })
+        .collect();
+    let rec = drive_all(&replicas, &HOSTS[..3], 2, 6, 30 * MS).await;
+    for name in &HOSTS[..3] {
+        let reqs = rec.host(name);
+        assert!(max_in_flight(&reqs) <= 2, "{name}");
+        let gap = min_send_gap(&reqs);
+        assert!(gap + SLACK >= spacing, "{name}: sends {gap:?} apart");
+    }
+}
+
+fn sentinel_limiter(set: &RedisSentinel) -> RedisLimiter {
+    let url = set.sentinel().url();
+    let pool =
+        RedisPool::sentinel(&[url.as_str()], set.master_name(), RedisTimeouts::default()).unwrap();
+    limiter(
+        pool,
+        |p| p.min_delay(10 * MS),
+        |b| b.lease_ttl(Duration::from_secs(2)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_paces_and_survives_a_failover() {
+    let set = RedisSentinel::start();
+    let replicas: Vec<Arc<dyn Limiter>> = (0..2)
+        .map(|_| Arc::new(sentinel_limiter(&set)) as Arc<dyn Limiter>)
+        .collect();
+    let rec = drive_all(&replicas, &["a.test"], 2, 4, 30 * MS).await;
+    assert_serialized(&rec.host("a.test"), 10 * MS);
+
+    let plain = sentinel_limiter(&set);
+    let fallback = sentinel_limiter(&set).with_fallback();
+    drop(plain.acquire_host("t", host("b.test"), None).await.unwrap());
+    let old_master = set.master_addr().unwrap();
+    set.sentinel()
+        .command(&["SENTINEL", "FAILOVER", set.master_name()]);
+    // Whatever happens during the failover, the fallback keeps admitting.
+    let mut new_master = None;
+    for _ in 0..100 {
+        drop(
+            bounded(10, fallback.acquire_host("t", host("c.test"), None))
+                .await
+                .unwrap(),
+        );
+        match set.master_addr() {
+            Some(addr) if addr != old_master => {
+                new_master = Some(addr);
+                break;
+            }
+            _ => tokio::time::sleep(100 * MS).await,
+        }
+    }
+    let new_master = new_master.expect("the failover never happened");
+    // The pooled connection still points at the old master, now a replica
+    // answering READONLY; the limiter must drop it and find the new master.
+    let mut recovered = false;
+    for _ in 0..100 {
+        if let Ok(p) = bounded(10, plain.acquire_host("t", host("d.test"), None)).await {
+            drop(p);
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(100 * MS).await;
+    }
+    assert!(
+        recovered,
+        "never recovered after the failover to {new_master}"
+    );
+    drop(
+        bounded(10, fallback.acquire_host("t", host("e.test"), None))
+            .await
+            .unwrap(),
+    );
+}
