@@ -5,6 +5,8 @@
 //! - [`RedisCluster`]: three Cluster masters covering every slot;
 //! - [`RedisSentinel`]: a master, a replica and a Sentinel monitoring them;
 //! - [`resp`]: a tiny blocking RESP2 client to poke at them directly;
+//! - [`Upstream`]: a real HTTP server on loopback that serves any host name and records
+//!   when each request arrived and when its response ended;
 //! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when
@@ -21,8 +23,10 @@ mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;
 pub mod resp;
+mod upstream;
 mod wait;
 
 pub use self::{
     redis_cluster::RedisCluster, redis_sentinel::RedisSentinel, redis_server::RedisServer,
+    upstream::Upstream,
 };

@@ -1,8 +1,44 @@
-//! Pacing for reqwest clients through reqwest-middleware (in progress).
+//! Per-host pacing for reqwest clients, as a [`reqwest_middleware`]
+//! middleware over any [`redislimit::Limiter`].
 //!
-//! This crate re-exports [`redislimit`]; the middleware itself lands in a
-//! later release.
+//! [`PacingMiddleware`] waits for a permit before each request is sent,
+//! holds it until the response body has been read to the end or dropped,
+//! and turns a `429`/`503` with `Retry-After` into a penalty for the host on
+//! every limiter sharing the state. It decides nothing itself: the limiter
+//! (in-process, Redis-backed, or both with a fallback) does.
+//!
+//! ```
+//! use std::time::Duration;
+//! use redislimit::{DomainLimiter, Pacing};
+//! use redislimit_reqwest::PacingMiddleware;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = DomainLimiter::new(
+//!     Pacing::builder()
+//!         .max_concurrent(2)
+//!         .min_delay(Duration::from_millis(250))
+//!         .build()?,
+//! );
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(PacingMiddleware::new(limiter).with_engine("crawler"))
+//!     .build();
+//! // client.get("https://example.com/").send().await? is now paced per host.
+//! # let _ = client; Ok(()) }
+//! ```
+//!
+//! A wait longer than the request's own timeout (`RequestBuilder::timeout`)
+//! or the configured [`with_max_wait`](PacingMiddleware::with_max_wait)
+//! fails at once; the limiter's error comes back as a
+//! [`reqwest_middleware::Error::Middleware`] from which [`pacing_error`]
+//! recovers it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod error;
+mod middleware;
+
+pub use self::error::pacing_error;
+pub use self::middleware::PacingMiddleware;
 pub use redislimit;
+pub use redislimit::http::Engine;
+pub use reqwest_middleware;

@@ -31,18 +31,45 @@ impl HostKey {
     /// The host key of a parsed URL, or [`Error::InvalidUrl`] when it has
     /// no host.
     pub fn from_url(url: &Url) -> Result<Self, Error> {
-        let invalid = |reason| Error::InvalidUrl {
+        let host = url.host().ok_or("the URL has no host");
+        Self::from_host(host).map_err(|reason| Error::InvalidUrl {
             url: url.as_str().to_owned(),
             reason,
+        })
+    }
+
+    /// The host key of an `http::Uri`, or [`Error::InvalidUrl`] when it has
+    /// no host (a path-only request target such as `/index.html`).
+    #[cfg(feature = "http")]
+    pub fn from_uri(uri: &http::Uri) -> Result<Self, Error> {
+        let invalid = |reason| Error::InvalidUrl {
+            url: uri.to_string(),
+            reason,
         };
-        match url.host() {
-            None => Err(invalid("the URL has no host")),
-            Some(Host::Ipv4(addr)) => Ok(Self(addr.to_string().into())),
-            Some(Host::Ipv6(addr)) => Ok(Self(format!("[{addr}]").into())),
-            Some(Host::Domain(name)) => {
+        let host = uri.host().ok_or_else(|| invalid("the URI has no host"))?;
+        let parsed: Host<String> = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6
+                .parse()
+                .map(Host::Ipv6)
+                .map_err(|_| invalid("the URI's IPv6 host does not parse"))?,
+            None => Host::parse(host).map_err(|_| invalid("the URI's host does not parse"))?,
+        };
+        let borrowed = match &parsed {
+            Host::Domain(name) => Host::Domain(name.as_str()),
+            Host::Ipv4(addr) => Host::Ipv4(*addr),
+            Host::Ipv6(addr) => Host::Ipv6(*addr),
+        };
+        Self::from_host(Ok(borrowed)).map_err(invalid)
+    }
+
+    fn from_host(host: Result<Host<&str>, &'static str>) -> Result<Self, &'static str> {
+        match host? {
+            Host::Ipv4(addr) => Ok(Self(addr.to_string().into())),
+            Host::Ipv6(addr) => Ok(Self(format!("[{addr}]").into())),
+            Host::Domain(name) => {
                 let name = name.trim_end_matches('.');
                 if name.is_empty() {
-                    return Err(invalid("the URL's host is empty"));
+                    return Err("the URL's host is empty");
                 }
                 Ok(Self(name.to_ascii_lowercase().into()))
             }
@@ -165,6 +192,28 @@ mod tests {
                 other => panic!("{url:?} gave {other:?}"),
             }
         }
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn uris_get_the_same_keys_as_urls() {
+        for (uri, expected) in [
+            ("http://WWW.Example.com:8080/x", "www.example.com"),
+            ("https://example.com./", "example.com"),
+            ("http://[::1]:3000/", "[::1]"),
+            ("http://[0:0::1]/", "[::1]"),
+            ("http://127.0.0.1/", "127.0.0.1"),
+            ("http://xn--bcher-kva.example/", "xn--bcher-kva.example"),
+        ] {
+            let uri: http::Uri = uri.parse().unwrap();
+            assert_eq!(HostKey::from_uri(&uri).unwrap().as_str(), expected, "{uri}");
+            assert_eq!(HostKey::parse(&uri.to_string()).unwrap().as_str(), expected);
+        }
+        let path_only: http::Uri = "/index.html".parse().unwrap();
+        assert!(matches!(
+            HostKey::from_uri(&path_only),
+            Err(Error::InvalidUrl { .. })
+        ));
     }
 
     #[test]

@@ -50,6 +50,8 @@
 mod error;
 mod fallback;
 mod hooks;
+#[cfg(feature = "http")]
+pub mod http;
 mod key;
 mod limiter;
 mod local;

@@ -1,0 +1,101 @@
+//! `PaceLayer`: wraps services in [`Pace`].
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redislimit::Limiter;
+use redislimit::http::Engine;
+use tower::Layer;
+
+use super::Pace;
+
+/// Applies per-host pacing to a service; see [`Pace`].
+///
+/// Cloning the layer (or a [`Pace`] service) shares the limiter: every
+/// clone paces against the same state, which is what makes one limit per
+/// host hold across a client's clones.
+#[derive(Clone)]
+pub struct PaceLayer {
+    pub(crate) settings: Arc<Settings>,
+}
+
+pub(crate) struct Settings {
+    pub(crate) limiter: Arc<dyn Limiter>,
+    pub(crate) engine: Engine,
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) default_penalty: Option<Duration>,
+}
+
+impl PaceLayer {
+    /// Paces through `limiter`, with the engine label `default`.
+    pub fn new(limiter: impl Limiter + 'static) -> Self {
+        Self::from_arc(Arc::new(limiter))
+    }
+
+    /// Paces through a shared limiter.
+    pub fn from_arc(limiter: Arc<dyn Limiter>) -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                limiter,
+                engine: Engine::new("default"),
+                max_wait: None,
+                default_penalty: None,
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        let s = &self.settings;
+        let mut settings = Settings {
+            limiter: Arc::clone(&s.limiter),
+            engine: s.engine.clone(),
+            max_wait: s.max_wait,
+            default_penalty: s.default_penalty,
+        };
+        change(&mut settings);
+        self.settings = Arc::new(settings);
+        self
+    }
+
+    /// The engine label for requests that carry no [`Engine`] extension.
+    pub fn with_engine(self, engine: impl Into<Cow<'static, str>>) -> Self {
+        let engine = Engine::new(engine);
+        self.with(|s| s.engine = engine)
+    }
+
+    /// The longest a request may wait for its turn; a longer wait fails at
+    /// once with [`redislimit::Error::WaitBudget`].
+    pub fn with_max_wait(self, max_wait: Duration) -> Self {
+        self.with(|s| s.max_wait = Some(max_wait))
+    }
+
+    /// The penalty for a `429` or `503` that carries no usable `Retry-After`.
+    pub fn with_default_penalty(self, penalty: Duration) -> Self {
+        self.with(|s| s.default_penalty = Some(penalty))
+    }
+}
+
+impl fmt::Debug for PaceLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("PaceLayer")
+            .field("limiter", &s.limiter)
+            .field("engine", &s.engine)
+            .field("max_wait", &s.max_wait)
+            .field("default_penalty", &s.default_penalty)
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for PaceLayer {
+    type Service = Pace<S>;
+
+    fn layer(&self, inner: S) -> Pace<S> {
+        Pace {
+            inner,
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}

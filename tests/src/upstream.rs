@@ -1,0 +1,239 @@
+//! [`Upstream`]: a recording HTTP/1.1 server on loopback, for checking pacing
+//! where it matters: at the server.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body::{Body, Frame};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::record::Recorder;
+
+/// A real HTTP server on `127.0.0.1` and a free port that answers for any
+/// host name (point names such as `a.test` at it with the client's resolve
+/// override) and records, per request, the host, the `x-replica` header, the
+/// instant it arrived and the instant its response body ended (was fully
+/// written, or dropped).
+///
+/// What it answers, by path:
+/// - `/slow?chunks=N&every=MS`: a body of `N` chunks, one every `MS` ms;
+/// - `/status?code=C&retry_after=V`: status `C` with `Retry-After: V`;
+/// - `/status?code=C&retry_in=S`: status `C` with `Retry-After` an HTTP-date
+///   `S` seconds from now and a `Date` header;
+/// - `/status?code=C&retry_in=S&date_skew=K`: the same, with the `Date`
+///   header (and the `Retry-After` date) shifted `K` seconds into the past,
+///   as a server with a wrong clock would send;
+/// - anything else: `200 ok`.
+///
+/// Stops when dropped.
+#[derive(Debug)]
+pub struct Upstream {
+    addr: SocketAddr,
+    recorder: Arc<Recorder>,
+    server: JoinHandle<()>,
+}
+
+impl Upstream {
+    /// Starts the server on the current Tokio runtime.
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("local address");
+        let recorder = Arc::new(Recorder::new());
+        let rec = Arc::clone(&recorder);
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let rec = Arc::clone(&rec);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let rec = Arc::clone(&rec);
+                        async move { Ok::<_, Infallible>(answer(req, rec)) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            recorder,
+            server,
+        }
+    }
+
+    /// The address to resolve every test host name to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://{host}:{port}{path}`.
+    pub fn url(&self, host: &str, path: &str) -> String {
+        format!("http://{host}:{}{path}", self.addr.port())
+    }
+
+    /// What the server saw.
+    pub fn recorder(&self) -> &Arc<Recorder> {
+        &self.recorder
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn query(req: &Request<Incoming>, key: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key).then(|| v.replace("%20", " ").replace("%2C", ","))
+    })
+}
+
+fn answer(req: Request<Incoming>, recorder: Arc<Recorder>) -> Response<Recorded> {
+    let arrived = Instant::now();
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(|h| h.rsplit_once(':').map_or(h, |(name, _)| name).to_owned())
+        .unwrap_or_default();
+    let replica = req
+        .headers()
+        .get("x-replica")
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(0);
+    let number = |key| query(&req, key).and_then(|v| v.parse::<u64>().ok());
+    let mut response = Response::builder();
+    let chunks = match req.uri().path() {
+        "/slow" => Chunks::new(
+            number("chunks").unwrap_or(3),
+            Duration::from_millis(number("every").unwrap_or(50)),
+        ),
+        "/status" => {
+            let code = number("code").and_then(|c| StatusCode::from_u16(c as u16).ok());
+            response = response.status(code.unwrap_or(StatusCode::OK));
+            if let Some(value) = query(&req, "retry_after") {
+                response = response.header(header::RETRY_AFTER, value);
+            }
+            if let Some(secs) = number("retry_in") {
+                let skew = Duration::from_secs(number("date_skew").unwrap_or(0));
+                let now = SystemTime::now() - skew;
+                response = response
+                    .header(header::DATE, httpdate::fmt_http_date(now))
+                    .header(
+                        header::RETRY_AFTER,
+                        httpdate::fmt_http_date(now + Duration::from_secs(secs)),
+                    );
+            }
+            Chunks::new(1, Duration::ZERO)
+        }
+        _ => Chunks::new(1, Duration::ZERO),
+    };
+    let body = Recorded {
+        chunks,
+        record: Some((host, replica, arrived, recorder)),
+    };
+    response
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Recorded::empty()))
+}
+
+/// A response body that records the request when it ends or is dropped.
+#[derive(Debug)]
+pub(crate) struct Recorded {
+    chunks: Chunks,
+    record: Option<(String, usize, Instant, Arc<Recorder>)>,
+}
+
+impl Recorded {
+    fn empty() -> Self {
+        Self {
+            chunks: Chunks::new(0, Duration::ZERO),
+            record: None,
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some((host, replica, arrived, recorder)) = self.record.take() {
+            recorder.record(&host, replica, arrived, Instant::now());
+        }
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl Body for Recorded {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.chunks.poll_next(cx) {
+            Poll::Ready(None) => {
+                self.finish();
+                Poll::Ready(None)
+            }
+            other => other.map(|c| c.map(|bytes| Ok(Frame::data(bytes)))),
+        }
+    }
+}
+
+/// `left` chunks of `ok\n`, one every `every`.
+#[derive(Debug)]
+struct Chunks {
+    left: u64,
+    every: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Chunks {
+    fn new(left: u64, every: Duration) -> Self {
+        Self {
+            left,
+            every,
+            timer: None,
+        }
+    }
+
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        if !self.every.is_zero() {
+            let every = self.every;
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(every)));
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.timer = None;
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Bytes::from_static(b"ok\n")))
+    }
+}
