@@ -76,8 +76,3 @@ pub use self::{
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
 pub use url::Url;
-
-/// The README's examples, compiled and run as doctests so they cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;

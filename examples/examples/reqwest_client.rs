@@ -1,0 +1,55 @@
+//! A reqwest client paced per host by the in-process limiter.
+//!
+//! Run it with `cargo run -p examples --example reqwest_client`.
+//!
+//! Two hosts, `a.test` and `b.test` (both served on loopback), get four
+//! requests each, all started at once. Look at the server's lines: requests
+//! to one host are at least 300 ms apart, while the two hosts proceed side
+//! by side. `a.test/busy` answers 429 with `Retry-After: 1`, after which
+//! `a.test` is held back for a second.
+
+use std::time::{Duration, Instant};
+
+use redislimit::{DomainLimiter, Pacing};
+use redislimit_reqwest::PacingMiddleware;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let upstream = examples::local_upstream().await;
+    let limiter = DomainLimiter::new(
+        Pacing::builder()
+            .max_concurrent(1)
+            .min_delay(Duration::from_millis(300))
+            .build()?,
+    );
+    let http = reqwest::Client::builder()
+        .resolve("a.test", upstream)
+        .resolve("b.test", upstream)
+        .build()?;
+    let client = reqwest_middleware::ClientBuilder::new(http)
+        .with(PacingMiddleware::new(limiter).with_engine("example"))
+        .build();
+
+    let started = Instant::now();
+    let mut requests = Vec::new();
+    for host in ["a.test", "b.test"] {
+        for path in ["/", "/busy", "/", "/"] {
+            let url = format!("http://{host}:{}{path}", upstream.port());
+            let client = client.clone();
+            requests.push(tokio::spawn(async move {
+                let response = client.get(&url).send().await?;
+                let status = response.status();
+                response.bytes().await?; // the permit is held until here
+                println!(
+                    "client: {:>5} ms  {url} -> {status}",
+                    started.elapsed().as_millis()
+                );
+                Ok::<_, reqwest_middleware::Error>(())
+            }));
+        }
+    }
+    for request in requests {
+        request.await??;
+    }
+    Ok(())
+}
