@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod crawl;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;

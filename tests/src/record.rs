@@ -11,6 +11,8 @@ pub struct Request {
     pub host: String,
     /// Which replica (limiter instance or process) sent it.
     pub replica: usize,
+    /// The path and query it asked for (empty when not an HTTP request).
+    pub path: String,
     /// When it arrived.
     pub send: Instant,
     /// When its response was complete.
@@ -31,12 +33,18 @@ impl Recorder {
 
     /// Adds one request.
     pub fn record(&self, host: &str, replica: usize, send: Instant, end: Instant) {
-        self.log.lock().unwrap().push(Request {
+        self.add(Request {
             host: host.to_owned(),
             replica,
+            path: String::new(),
             send,
             end,
         });
+    }
+
+    /// Adds one request.
+    pub fn add(&self, request: Request) {
+        self.log.lock().unwrap().push(request);
     }
 
     /// Every request, in order of sending.
@@ -114,6 +122,7 @@ mod tests {
         Request {
             host: "h".into(),
             replica: 0,
+            path: String::new(),
             send: base + Duration::from_millis(send_ms),
             end: base + Duration::from_millis(end_ms),
         }

@@ -5,11 +5,12 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
+use http::{Response, StatusCode, header};
 use http_body::{Body, Frame};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -18,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::record::Recorder;
+use crate::record::{Recorder, Request};
 
 /// A real HTTP server on `127.0.0.1` and a free port that answers for any
 /// host name (point names such as `a.test` at it with the client's resolve
@@ -41,6 +42,7 @@ use crate::record::Recorder;
 pub struct Upstream {
     addr: SocketAddr,
     recorder: Arc<Recorder>,
+    arrivals: Arc<AtomicUsize>,
     server: JoinHandle<()>,
 }
 
@@ -52,15 +54,17 @@ impl Upstream {
             .expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
         let recorder = Arc::new(Recorder::new());
-        let rec = Arc::clone(&recorder);
+        let arrivals = Arc::new(AtomicUsize::new(0));
+        let (rec, arrived) = (Arc::clone(&recorder), Arc::clone(&arrivals));
         let server = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let rec = Arc::clone(&rec);
+                let (rec, arrived) = (Arc::clone(&rec), Arc::clone(&arrived));
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
+                        arrived.fetch_add(1, Ordering::SeqCst);
                         let rec = Arc::clone(&rec);
                         async move { Ok::<_, Infallible>(answer(req, rec)) }
                     });
@@ -73,8 +77,14 @@ impl Upstream {
         Self {
             addr,
             recorder,
+            arrivals,
             server,
         }
+    }
+
+    /// Requests that have arrived so far, finished or not.
+    pub fn arrivals(&self) -> usize {
+        self.arrivals.load(Ordering::SeqCst)
     }
 
     /// The address to resolve every test host name to.
@@ -99,14 +109,14 @@ impl Drop for Upstream {
     }
 }
 
-fn query(req: &Request<Incoming>, key: &str) -> Option<String> {
+fn query(req: &http::Request<Incoming>, key: &str) -> Option<String> {
     req.uri().query()?.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
         (k == key).then(|| v.replace("%20", " ").replace("%2C", ","))
     })
 }
 
-fn answer(req: Request<Incoming>, recorder: Arc<Recorder>) -> Response<Recorded> {
+fn answer(req: http::Request<Incoming>, recorder: Arc<Recorder>) -> Response<Recorded> {
     let arrived = Instant::now();
     let host = req
         .headers()
@@ -147,9 +157,23 @@ fn answer(req: Request<Incoming>, recorder: Arc<Recorder>) -> Response<Recorded>
         }
         _ => Chunks::new(1, Duration::ZERO),
     };
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
     let body = Recorded {
         chunks,
-        record: Some((host, replica, arrived, recorder)),
+        record: Some((
+            Request {
+                host,
+                replica,
+                path,
+                send: arrived,
+                end: arrived,
+            },
+            recorder,
+        )),
     };
     response
         .body(body)
@@ -160,7 +184,7 @@ fn answer(req: Request<Incoming>, recorder: Arc<Recorder>) -> Response<Recorded>
 #[derive(Debug)]
 pub(crate) struct Recorded {
     chunks: Chunks,
-    record: Option<(String, usize, Instant, Arc<Recorder>)>,
+    record: Option<(Request, Arc<Recorder>)>,
 }
 
 impl Recorded {
@@ -172,8 +196,9 @@ impl Recorded {
     }
 
     fn finish(&mut self) {
-        if let Some((host, replica, arrived, recorder)) = self.record.take() {
-            recorder.record(&host, replica, arrived, Instant::now());
+        if let Some((mut request, recorder)) = self.record.take() {
+            request.end = Instant::now();
+            recorder.add(request);
         }
     }
 }

@@ -16,8 +16,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum Error {
     /// The backend that holds the shared pacing state could not be used:
     /// connection refused, timeout, a script error, a reply of the wrong shape
-    /// or corrupted state at a key. Nothing was admitted.
-    #[error("pacing backend unavailable during {op}: {source}")]
+    /// or corrupted state at a key. Nothing was admitted. The cause is its
+    /// [`source`](std::error::Error::source).
+    #[error("pacing backend unavailable during {op}")]
     Unavailable {
         /// The operation that failed.
         op: Op,
@@ -82,6 +83,8 @@ pub enum Op {
     Renew,
     /// Holding a host back (Retry-After).
     Penalize,
+    /// Checking that the backend answers.
+    Ping,
 }
 
 impl Op {
@@ -92,6 +95,7 @@ impl Op {
             Self::Release => "release",
             Self::Renew => "renew",
             Self::Penalize => "penalize",
+            Self::Ping => "ping",
         }
     }
 }

@@ -1,21 +1,36 @@
-//! `FallbackLimiter`: a shared limiter, and in-process pacing when it is unavailable.
+//! `FallbackLimiter`: a shared limiter on top of in-process pacing that
+//! carries on alone while the shared one is unavailable.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{BoxFuture, DomainLimiter, Error, HostKey, Limiter, Permit};
+use crate::hooks::WaitReport;
+use crate::{
+    BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Permit, WaitOutcome,
+};
 
-/// Paces through `primary` (typically a Redis-backed limiter) and, whenever
-/// it fails with [`Error::Unavailable`], re-runs the same acquire on an
-/// in-process [`DomainLimiter`], so retrieval goes on while the shared
-/// backend is away. Every other error (a blown wait budget, a URL without
-/// a host) is returned as it is.
+/// Paces every request through an in-process [`DomainLimiter`] first and
+/// then through `primary` (typically a Redis-backed limiter); when the
+/// primary fails with [`Error::Unavailable`], the in-process admission
+/// stands alone, so retrieval goes on while the shared backend is away.
+/// Every other error (a blown wait budget, a URL without a host) is
+/// returned as it is.
 ///
-/// Hooks are reported once per decision: the primary reports nothing for
-/// an acquire it could not decide (only `on_error`), and the fallback
-/// reports the wait it then makes. Penalties go to both limiters, so the
-/// fallback honours a `Retry-After` seen while the primary was healthy.
+/// The in-process limiter is always consulted, not only during an outage.
+/// Its pacing is implied by the shared limit (a replica that keeps the
+/// cluster-wide pace keeps its own), so while the primary is healthy it
+/// adds no wait; what it adds is memory: it knows this replica's recent
+/// requests, so neither losing the primary nor getting it back lets this
+/// replica burst, and there is never a second, independent pace running in
+/// the same process.
+///
+/// Hooks are reported here, once per decision: give the inner limiters
+/// none for waits ([`RedisLimiter::with_fallback`](crate::RedisLimiter::with_fallback)
+/// arranges this; the primary still reports its errors). Penalties go to
+/// both limiters, so the in-process one honours a `Retry-After` seen while
+/// the primary was healthy.
 ///
 /// ```
 /// use redislimit::{DomainLimiter, FallbackLimiter, Limiter, Pacing};
@@ -34,22 +49,42 @@ use crate::{BoxFuture, DomainLimiter, Error, HostKey, Limiter, Permit};
 pub struct FallbackLimiter<P> {
     primary: P,
     fallback: DomainLimiter,
+    hooks: Arc<dyn Hooks>,
 }
 
 impl<P: Limiter> FallbackLimiter<P> {
-    /// Paces through `primary`, and through `fallback` while it is unavailable.
+    /// Paces through `fallback` and then `primary`, and through `fallback`
+    /// alone while `primary` is unavailable.
     pub fn new(primary: P, fallback: DomainLimiter) -> Self {
-        Self { primary, fallback }
+        Self {
+            primary,
+            fallback,
+            hooks: Arc::new(NoHooks),
+        }
     }
 
-    /// The limiter tried first.
+    /// Reports every decision to `hooks`.
+    pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// The shared limiter.
     pub fn primary(&self) -> &P {
         &self.primary
     }
 
-    /// The in-process limiter used while the primary is unavailable.
+    /// The in-process limiter.
     pub fn fallback(&self) -> &DomainLimiter {
         &self.fallback
+    }
+}
+
+fn report_error(report: WaitReport<'_>, err: &Error) {
+    if matches!(err, Error::WaitBudget { .. }) {
+        report.finish(WaitOutcome::BudgetExceeded);
+    } else {
+        report.abandon();
     }
 }
 
@@ -61,17 +96,38 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
-            match self
+            let report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
+            let local = match self
+                .fallback
+                .acquire_host(engine, host.clone(), deadline)
+                .await
+            {
+                Ok(permit) => permit,
+                Err(err) => {
+                    report_error(report, &err);
+                    return Err(err);
+                }
+            };
+            let shared = match self
                 .primary
                 .acquire_host(engine, host.clone(), deadline)
                 .await
             {
+                Ok(permit) => Some(permit),
                 Err(err) if err.is_unavailable() => {
                     tracing::warn!(host = %host, error = %err, "pacing in-process: the shared limiter is unavailable");
-                    self.fallback.acquire_host(engine, host, deadline).await
+                    None
                 }
-                result => result,
-            }
+                Err(err) => {
+                    report_error(report, &err);
+                    return Err(err);
+                }
+            };
+            let waited = report.finish(WaitOutcome::Acquired);
+            Ok(Permit::new(host, waited, move || {
+                drop(shared);
+                drop(local);
+            }))
         })
     }
 
@@ -83,7 +139,7 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
         Box::pin(async move {
             self.fallback.penalize_host(host.clone(), hold).await?;
             match self.primary.penalize_host(host, hold).await {
-                // Reported by the primary; the fallback holds the host.
+                // Reported by the primary; the in-process limiter holds the host.
                 Err(err) if err.is_unavailable() => Ok(()),
                 result => result,
             }

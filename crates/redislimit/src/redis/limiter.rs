@@ -94,6 +94,8 @@ use crate::{
 #[derive(Clone)]
 pub struct RedisLimiter {
     shared: Arc<Shared>,
+    /// False under a [`FallbackLimiter`], which reports the waits itself.
+    report_waits: bool,
 }
 
 struct Shared {
@@ -208,6 +210,7 @@ impl RedisLimiterBuilder {
             .min(crate::MAX_MICROS);
         let local_cap = self.pacing.max_concurrent().max(self.cluster_concurrency);
         Ok(RedisLimiter {
+            report_waits: true,
             shared: Arc::new(Shared {
                 local: DomainLimiter::new(Pacing::default().with_max_concurrent(local_cap)),
                 redis: Connections::new(self.pool),
@@ -278,6 +281,17 @@ impl RedisLimiter {
         self.shared.pacing.clone().with_max_concurrent(cap)
     }
 
+    /// Checks that Redis answers a `PING`, within the pool's timeouts: a way
+    /// to refuse to start against a Redis that is not there.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let pong = self
+            .shared
+            .redis
+            .query::<String>(&deadpool_redis::redis::cmd("PING"))
+            .await;
+        pong.map(drop).map_err(|e| unavailable(Op::Ping, e))
+    }
+
     /// Wraps this limiter in a [`FallbackLimiter`] that paces in-process with
     /// [`fallback_pacing`](Self::fallback_pacing) and the same hooks while
     /// Redis is unavailable.
@@ -310,7 +324,12 @@ impl Limiter for RedisLimiter {
         host: HostKey,
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
-        Box::pin(self.shared.acquire(engine, host, deadline))
+        let hooks: &dyn Hooks = if self.report_waits {
+            &*self.shared.hooks
+        } else {
+            &NoHooks
+        };
+        Box::pin(self.shared.acquire(hooks, engine, host, deadline))
     }
 
     fn penalize_host<'a>(
@@ -348,12 +367,13 @@ fn new_token() -> Arc<str> {
 impl Shared {
     async fn acquire(
         self: &Arc<Self>,
+        hooks: &dyn Hooks,
         engine: &str,
         host: HostKey,
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
         let start = Instant::now();
-        let report = WaitReport::new(&*self.hooks, engine, &host, start);
+        let report = WaitReport::new(hooks, engine, &host, start);
         let local = match self
             .local
             .acquire_host(engine, host.clone(), deadline)

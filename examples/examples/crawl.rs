@@ -1,0 +1,18 @@
+//! One replica of a polite crawler, built on the reqwest middleware.
+//!
+//! Run it with `cargo run --release -p examples --example crawl -- --help`.
+//! Alone it paces in-process; give every replica the same `--redis URL`
+//! (or `--redis-cluster URL ...`) and they share one pace per host:
+//!
+//! ```text
+//! cargo run --release -p examples --example crawl -- \
+//!     --redis redis://127.0.0.1:6379/ --min-delay 500ms --urls urls.txt --report report.jsonl
+//! ```
+//!
+//! Look at the per-host summary at the end (requests, errors, mean wait,
+//! achieved rate, statuses) and at the report: one JSON object per URL with
+//! its status or error, when it was sent and when its body was read.
+
+fn main() -> std::process::ExitCode {
+    examples::crawl::main()
+}

@@ -1,0 +1,107 @@
+//! Where the URLs come from: the command line and a file (or stdin).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use redislimit::HostKey;
+use url::Url;
+
+/// The URLs to fetch, and the lines that were skipped (with why).
+#[derive(Debug, Default)]
+pub struct Input {
+    /// Distinct URLs, in the order first seen.
+    pub urls: Vec<Url>,
+    /// `FILE:LINE: why` for every line that was not used.
+    pub skipped: Vec<String>,
+}
+
+fn check(text: &str) -> Result<Url, String> {
+    let url = Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{text:?} is not an http(s) URL"));
+    }
+    HostKey::from_url(&url).map_err(|e| e.to_string())?;
+    Ok(url)
+}
+
+/// Reads the URLs given as arguments (a bad one is an error: it was typed
+/// by hand) and those in `file` (`-` for stdin; a bad line is skipped and
+/// reported with its line number). A URL seen twice is fetched once.
+pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> {
+    let mut input = Input::default();
+    let mut seen = std::collections::HashSet::new();
+    for arg in args {
+        match check(arg) {
+            Ok(url) => {
+                if seen.insert(url.clone()) {
+                    input.urls.push(url);
+                }
+            }
+            Err(why) => bail!("invalid URL: {why}"),
+        }
+    }
+    let Some(path) = file else { return Ok(input) };
+    let reader: Box<dyn BufRead> = if path == Path::new("-") {
+        Box::new(BufReader::new(std::io::stdin()))
+    } else {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Box::new(BufReader::new(file))
+    };
+    for (n, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        let text = line.trim();
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        match check(text) {
+            Ok(url) if seen.insert(url.clone()) => input.urls.push(url),
+            Ok(_) => input.skipped.push(format!(
+                "{}:{}: a repeat of an earlier URL",
+                path.display(),
+                n + 1
+            )),
+            Err(why) => input
+                .skipped
+                .push(format!("{}:{}: {why}", path.display(), n + 1)),
+        }
+    }
+    Ok(input)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_lines_are_checked_one_by_one() {
+        let dir = std::env::temp_dir().join(format!("crawl-input-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("urls.txt");
+        std::fs::write(
+            &path,
+            "# comment\n\nhttp://a.test/1\nnot a url\nmailto:x@y.z\nhttp://a.test/1\n  https://b.test/2  \nftp://c.test/\n",
+        )
+        .unwrap();
+        let input = read_urls(&["http://c.test/0".into()], Some(&path)).unwrap();
+        let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
+        assert_eq!(
+            urls,
+            ["http://c.test/0", "http://a.test/1", "https://b.test/2"]
+        );
+        assert_eq!(input.skipped.len(), 4, "{:?}", input.skipped);
+        assert!(input.skipped[0].contains(":4:"), "{:?}", input.skipped);
+        assert!(input.skipped[1].contains(":5:"));
+        assert!(input.skipped[2].contains(":6: a repeat"));
+        assert!(input.skipped[3].contains(":8:"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_bad_argument_or_a_missing_file_is_an_error() {
+        assert!(read_urls(&["nope".into()], None).is_err());
+        let err = read_urls(&[], Some(Path::new("/nonexistent/urls.txt"))).unwrap_err();
+        assert!(format!("{err:#}").contains("cannot read /nonexistent/urls.txt"));
+    }
+}

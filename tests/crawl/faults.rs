@@ -1,0 +1,163 @@
+//! Faults mid-crawl: nothing is lost, pacing falls back and comes back.
+
+use std::time::{Duration, Instant};
+
+use redislimit_tests::record::{Request, assert_serialized};
+use redislimit_tests::{RedisServer, Upstream};
+
+use crate::{HOSTS, MS, deal, finish, spawn, tempdir, urls};
+
+/// The requests to `host` sent after `since`.
+fn sent_after(upstream: &Upstream, host: &str, since: Instant) -> Vec<Request> {
+    upstream
+        .recorder()
+        .host(host)
+        .into_iter()
+        .filter(|r| r.send >= since)
+        .collect()
+}
+
+/// Two replicas crawl while `fault` strikes Redis and `heal` undoes it;
+/// every URL ends once, and once Redis is back the replicas share one
+/// serialized pace again.
+async fn crawl_through(fault: impl FnOnce(&RedisServer), heal: impl FnOnce(&RedisServer)) {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let list = urls(&upstream, &HOSTS[..2], 40, "/slow?chunks=2&every=20");
+    let args = [
+        "--redis",
+        &server.url(),
+        "--min-delay",
+        "80ms",
+        "--lease-ttl",
+        "2s",
+    ];
+    let replicas: Vec<_> = deal(&list, 2)
+        .iter()
+        .enumerate()
+        .map(|(n, hand)| spawn(dir.path(), n, &upstream, hand, &args))
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    fault(&server);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    heal(&server);
+    let healed = Instant::now();
+    finish(replicas).await;
+
+    // Shared again: give the replicas a moment to find Redis, then check.
+    let since = healed + Duration::from_millis(500);
+    let mut checked = 0;
+    for host in &HOSTS[..2] {
+        let after = sent_after(&upstream, host, since);
+        checked += after.len();
+        assert_serialized(&after, 80 * MS);
+    }
+    assert!(
+        checked >= 4,
+        "too few requests after the fault to tell ({checked})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_crawl_loses_nothing_and_sharing_resumes() {
+    crawl_through(RedisServer::kill, RedisServer::restart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen_mid_crawl_loses_nothing_and_sharing_resumes() {
+    crawl_through(RedisServer::pause, RedisServer::resume).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_request_frees_its_slot_after_the_lease() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let lease = Duration::from_secs(1);
+    let args = [
+        "--redis",
+        &server.url(),
+        "--cluster-concurrency",
+        "1",
+        "--lease-ttl",
+        "1s",
+        "--min-delay",
+        "0ms",
+    ];
+    let long = vec![upstream.url("a.test", "/slow?chunks=200&every=50")];
+    let mut doomed = spawn(dir.path(), 0, &upstream, &long, &args);
+    let started = Instant::now();
+    while upstream.arrivals() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the first replica never sent its request"
+        );
+        tokio::time::sleep(10 * MS).await;
+    }
+    doomed.child.start_kill().unwrap(); // SIGKILL, mid-request
+    doomed.child.wait().await.unwrap();
+
+    let survivor = spawn(
+        dir.path(),
+        1,
+        &upstream,
+        &[upstream.url("a.test", "/after-crash")],
+        &args,
+    );
+    finish(vec![survivor]).await;
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(seen.len(), 2);
+    let (dead, next) = (&seen[0], &seen[1]);
+    assert_eq!(next.path, "/after-crash");
+    assert!(
+        next.send >= dead.send + lease,
+        "the slot was taken {:?} after the dead replica's send, before its lease ran out",
+        next.send - dead.send
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_with_retry_after_holds_the_host_on_every_replica() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let args = [
+        "--redis",
+        &server.url(),
+        "--cluster-concurrency",
+        "4",
+        "--min-delay",
+        "10ms",
+    ];
+    let first = vec![upstream.url("a.test", "/status?code=429&retry_after=2")];
+    let busy = spawn(dir.path(), 0, &upstream, &first, &args);
+    let report = finish(vec![busy]).await;
+    assert_eq!(report[0]["status"], 429);
+    assert_eq!(report[0]["retry_after_ms"], 2000);
+
+    let others: Vec<_> = (1..3)
+        .map(|n| {
+            spawn(
+                dir.path(),
+                n,
+                &upstream,
+                &urls(&upstream, &["a.test"], 3, &format!("/r{n}")),
+                &args,
+            )
+        })
+        .collect();
+    finish(others).await;
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(seen.len(), 7);
+    let penalty_end = seen[0].end + Duration::from_secs(2);
+    for later in &seen[1..] {
+        assert!(
+            later.send >= penalty_end,
+            "replica {} sent {:?} into the 2 s penalty",
+            later.replica,
+            penalty_end - later.send
+        );
+    }
+}

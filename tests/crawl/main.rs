@@ -1,0 +1,135 @@
+//! Many `crawl` processes against a recording upstream on loopback: the
+//! invariants of DESIGN.md checked from what the upstream saw, alone and
+//! through Redis (standalone and Cluster), and with faults: Redis killed or
+//! frozen mid-crawl, a replica killed mid-request, a 429 with Retry-After.
+//! Every URL must end exactly once, with a status or a reported error.
+
+mod faults;
+mod modes;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use redislimit_tests::Upstream;
+use tempfile::TempDir;
+use tokio::process::{Child, Command};
+
+pub(crate) const MS: Duration = Duration::from_millis(1);
+pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
+
+/// Sends are spaced where they are admitted, in Redis; the upstream sees
+/// them after the answer travels back and the request goes out, which on a
+/// loaded 2-core machine running several processes varies by a few
+/// milliseconds (a fresh connection costs more than a reused one).
+/// Spacing and window checks on the upstream's record allow this much.
+pub(crate) const SLACK: Duration = Duration::from_millis(15);
+
+/// One `crawl` process.
+pub(crate) struct Replica {
+    pub(crate) child: Child,
+    pub(crate) report: PathBuf,
+    pub(crate) urls: Vec<String>,
+}
+
+/// Starts replica `n` fetching `urls` from `upstream`, with `extra` args.
+pub(crate) fn spawn(
+    dir: &Path,
+    n: usize,
+    upstream: &Upstream,
+    urls: &[String],
+    extra: &[&str],
+) -> Replica {
+    let list = dir.join(format!("urls-{n}.txt"));
+    std::fs::write(&list, urls.join("\n")).unwrap();
+    let report = dir.join(format!("report-{n}.jsonl"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
+    cmd.arg("--urls").arg(&list).arg("--report").arg(&report);
+    cmd.args(["--header", &format!("x-replica:{n}"), "--concurrency", "8"]);
+    for host in HOSTS {
+        cmd.args(["--resolve", &format!("{host}:{}", upstream.addr().ip())]);
+    }
+    cmd.args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Replica {
+        child: cmd.spawn().expect("start the crawl binary"),
+        report,
+        urls: urls.to_vec(),
+    }
+}
+
+/// Waits for every replica to exit successfully, then checks that each of
+/// its URLs ended exactly once with a status or an error. Returns every
+/// report line.
+pub(crate) async fn finish(replicas: Vec<Replica>) -> Vec<serde_json::Value> {
+    let mut all = Vec::new();
+    for replica in replicas {
+        let output =
+            tokio::time::timeout(Duration::from_secs(90), replica.child.wait_with_output())
+                .await
+                .expect("a crawl did not finish")
+                .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "crawl failed: {}\n{stderr}",
+            output.status
+        );
+        let lines = read_report(&replica.report);
+        let mut ended: BTreeMap<String, usize> = BTreeMap::new();
+        for line in &lines {
+            assert!(
+                line["status"].is_u64() || line["error"].is_string(),
+                "a URL ended with neither a status nor an error: {line}"
+            );
+            *ended
+                .entry(line["url"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+        for url in &replica.urls {
+            assert_eq!(
+                ended.get(url),
+                Some(&1),
+                "{url} ended {:?} times\n{stderr}",
+                ended.get(url)
+            );
+        }
+        assert_eq!(ended.len(), replica.urls.len());
+        all.extend(lines);
+    }
+    all
+}
+
+pub(crate) fn read_report(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `count` distinct URLs per host in `hosts`, at `path` (which may carry a query).
+pub(crate) fn urls(upstream: &Upstream, hosts: &[&str], count: usize, path: &str) -> Vec<String> {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    (0..count)
+        .flat_map(|i| hosts.iter().map(move |h| (i, *h)))
+        .map(|(i, h)| upstream.url(h, &format!("{path}{sep}i={i}")))
+        .collect()
+}
+
+/// Deals `urls` out to `n` replicas, rotating so that every replica gets
+/// some of every host's URLs.
+pub(crate) fn deal(urls: &[String], n: usize) -> Vec<Vec<String>> {
+    let mut hands = vec![Vec::new(); n];
+    for (i, url) in urls.iter().enumerate() {
+        hands[(i + i / n) % n].push(url.clone());
+    }
+    hands
+}
+
+pub(crate) fn tempdir() -> TempDir {
+    tempfile::tempdir().unwrap()
+}
