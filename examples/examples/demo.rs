@@ -1,168 +1,153 @@
-//! The demonstration `cargo xtask demo` runs: per-host pacing in one process.
+//! The demonstration `cargo xtask demo` runs: three crawler replicas sharing
+//! one polite pace per host.
 //!
-//! Run it with `cargo xtask demo` (or `cargo run -p examples --example demo`).
-//! No Redis is needed. Three workers share one `DomainLimiter` and fetch
-//! from three simulated hosts: `fast.test` answers at once, `slow.test`
-//! takes 300 ms per response, and `busy.test` answers its second request
-//! with a 429 and `Retry-After: 1`, which holds the host back for a second.
-//! Look at the `gap` column: sends to one host are never closer than the
-//! 200 ms minimum delay, counted from the previous send and from the
-//! previous completion, and at most 2 requests are in flight per host.
-#![forbid(unsafe_code)]
+//! Run it with `cargo xtask demo` (in-process: the replicas share one
+//! `DomainLimiter`) or `cargo xtask demo -- --redis redis://127.0.0.1:6379/`
+//! (each replica has its own `RedisLimiter`, and Redis makes them share).
+//!
+//! A local server answers for three hosts: `fast.test` at once, `slow.test`
+//! after 400 ms, and `busy.test` with a 429 and `Retry-After: 1` the first
+//! time. Look at the summary (every host sees sends at least `min_delay`
+//! after the previous response ended, whichever replica sent them) and at
+//! the timeline picture whose path is printed at the end.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use redislimit::{DomainLimiter, Limiter, Pacing, Url};
-use tokio::time::Instant;
+use clap::Parser;
+use examples::crawl::{Args, Crawler, Fetched, summarize};
+use examples::timeline::{Bar, svg};
+use redislimit::{DomainLimiter, Limiter};
+use url::Url;
 
-const REQUESTS_PER_HOST: usize = 6;
-
-#[derive(Debug, Clone)]
-struct Sent {
-    host: String,
-    worker: usize,
-    send: Duration,
-    end: Duration,
-    waited: Duration,
+/// Three crawler replicas, one pace per host.
+#[derive(Debug, Parser)]
+struct Demo {
+    /// Share pacing through this Redis instead of in-process.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// Where to write the timeline picture.
+    #[arg(long, default_value = "target/demo/timeline.svg")]
+    out: PathBuf,
+    /// Requests per host.
+    #[arg(long, default_value_t = 6)]
+    per_host: usize,
 }
 
-/// How long each simulated host takes to answer, and whether it pushes back.
-fn respond(host: &str, nth: usize) -> (Duration, Option<Duration>) {
-    match host {
-        "slow.test" => (Duration::from_millis(300), None),
-        "busy.test" if nth == 1 => (Duration::from_millis(20), Some(Duration::from_secs(1))),
-        _ => (Duration::from_millis(20), None),
-    }
-}
+const HOSTS: [&str; 3] = ["fast.test", "slow.test", "busy.test"];
+const REPLICAS: usize = 3;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let pacing = Pacing::builder()
-        .max_concurrent(2)
-        .min_delay(Duration::from_millis(200))
-        .jitter(Duration::from_millis(20))
-        .build()?;
+async fn main() -> anyhow::Result<()> {
+    let demo = Demo::parse();
+    let upstream = examples::local_upstream(true).await;
+    let mut argv = vec![
+        "replica",
+        "--min-delay",
+        "250ms",
+        "--jitter",
+        "20ms",
+        "--max-penalty",
+        "5s",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    for host in HOSTS {
+        argv.extend(["--resolve".into(), format!("{host}:{}", upstream.ip())]);
+    }
+    if let Some(redis) = &demo.redis {
+        argv.extend(["--redis".into(), redis.clone()]);
+    }
+    let args = Args::parse_from(&argv);
     println!(
-        "pacing per host: at most {} in flight, {:?} between sends and after each completion, up to {:?} jitter\n",
-        pacing.max_concurrent(),
-        pacing.min_delay(),
-        pacing.jitter()
-    );
-    let limiter = DomainLimiter::new(pacing);
-
-    let mut urls = Vec::new();
-    for i in 0..REQUESTS_PER_HOST {
-        for host in ["fast.test", "slow.test", "busy.test"] {
-            urls.push(Url::parse(&format!("http://{host}/page/{i}"))?);
+        "{} replicas, {} hosts, pacing per host: {} in flight, {:?} between sends and after each response, shared {}",
+        REPLICAS,
+        HOSTS.len(),
+        args.max_concurrent,
+        args.min_delay,
+        if demo.redis.is_some() {
+            "through Redis"
+        } else {
+            "in-process"
         }
-    }
-    let queue = Arc::new(Mutex::new(urls.into_iter()));
-    let log = Arc::new(Mutex::new(Vec::<Sent>::new()));
-    let counts = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
-    let t0 = Instant::now();
-
-    println!(
-        "{:>7}  {:<6}  {:<10}  {:>9}  note",
-        "t (ms)", "worker", "host", "waited"
     );
-    let mut workers = Vec::new();
-    for worker in 1..=3 {
-        let (limiter, queue, log, counts) =
-            (limiter.clone(), queue.clone(), log.clone(), counts.clone());
-        workers.push(tokio::spawn(async move {
-            loop {
-                let Some(url) = queue.lock().unwrap().next() else {
-                    break;
-                };
-                let permit = match limiter.acquire("demo", &url, None).await {
-                    Ok(permit) => permit,
-                    Err(err) => {
-                        eprintln!("worker {worker}: {err}");
-                        continue;
-                    }
-                };
-                let host = permit.host().to_string();
-                let send = t0.elapsed();
-                let nth = {
-                    let mut counts = counts.lock().unwrap();
-                    let n = counts.entry(host.clone()).or_default();
-                    *n += 1;
-                    *n - 1
-                };
-                let (took, retry_after) = respond(&host, nth);
-                let note = match retry_after {
-                    Some(d) => format!("429, Retry-After: {}s", d.as_secs()),
-                    None => String::new(),
-                };
-                println!(
-                    "{:>7}  {:<6}  {:<10}  {:>7}ms  {note}",
-                    send.as_millis(),
-                    worker,
-                    host,
-                    permit.waited().as_millis()
-                );
-                tokio::time::sleep(took).await;
-                if let Some(d) = retry_after {
-                    limiter.penalize(&url, d).await.ok();
-                }
-                let waited = permit.waited();
-                drop(permit); // the response is complete
-                log.lock().unwrap().push(Sent {
-                    host,
-                    worker,
-                    send,
-                    end: t0.elapsed(),
-                    waited,
-                });
-            }
-        }));
+
+    // In-process, the replicas share one limiter; with Redis, each has its
+    // own (with its own connections) and Redis is what they share.
+    let shared: Arc<dyn Limiter> = Arc::new(DomainLimiter::new(args.pacing()?));
+    let mut replicas = Vec::new();
+    for n in 0..REPLICAS {
+        let limiter = if demo.redis.is_some() {
+            args.limiter().await?
+        } else {
+            Arc::clone(&shared)
+        };
+        // Every replica gets some of every host's pages.
+        let urls: Vec<Url> = (0..demo.per_host)
+            .flat_map(|i| HOSTS.iter().enumerate().map(move |(h, host)| (i, h, host)))
+            .filter(|(i, h, _)| (i + h) % REPLICAS == n)
+            .map(|(i, _, host)| Url::parse(&format!("http://{host}:{}/page/{i}", upstream.port())))
+            .collect::<Result<_, _>>()?;
+        let crawler = Crawler::new(limiter, &args)?;
+        replicas.push(tokio::spawn(async move { crawler.run(urls, false).await }));
     }
-    for w in workers {
-        w.await?;
+    let mut fetched: Vec<(usize, Fetched)> = Vec::new();
+    for (n, replica) in replicas.into_iter().enumerate() {
+        fetched.extend(replica.await??.into_iter().map(|f| (n, f)));
     }
 
-    let log = log.lock().unwrap();
+    let all: Vec<Fetched> = fetched.iter().map(|(_, f)| f.clone()).collect();
     println!(
-        "\n{:<10}  {:>8}  {:>12}  {:>12}  {:>14}  workers",
-        "host", "requests", "min gap", "max in flight", "mean wait"
+        "\n{:<28} {:>8} {:>10} {:>12} {:>10}  statuses",
+        "host", "requests", "errors", "mean wait", "rate"
     );
-    let mut hosts: BTreeMap<&str, Vec<&Sent>> = BTreeMap::new();
-    for s in log.iter() {
-        hosts.entry(&s.host).or_default().push(s);
+    for host in summarize(&all) {
+        println!("{host}");
     }
-    for (host, mut sent) in hosts {
-        sent.sort_by_key(|s| s.send);
-        let min_gap = sent
+    println!("\nthe smallest gap each host saw between a response's end and the next send:");
+    for host in HOSTS {
+        let mut reqs: Vec<&Fetched> = all.iter().filter(|f| f.host == host).collect();
+        reqs.sort_by_key(|f| f.start_ms);
+        let gap = reqs
             .windows(2)
-            .map(|w| w[1].send - w[0].send)
-            .min()
-            .unwrap_or_default();
-        let max_in_flight = sent
+            .map(|w| w[1].start_ms as i64 - w[0].end_ms as i64)
+            .min();
+        let senders: std::collections::BTreeSet<usize> = fetched
             .iter()
-            .map(|s| {
-                sent.iter()
-                    .filter(|o| o.send <= s.send && o.end > s.send)
-                    .count()
-            })
-            .max()
-            .unwrap_or(0);
-        let mean_wait = sent.iter().map(|s| s.waited).sum::<Duration>() / sent.len() as u32;
-        let mut workers: Vec<_> = sent.iter().map(|s| s.worker).collect();
-        workers.sort();
-        workers.dedup();
+            .filter(|(_, f)| f.host == host)
+            .map(|(n, _)| n + 1)
+            .collect();
         println!(
-            "{host:<10}  {:>8}  {:>10}ms  {:>12}  {:>12}ms  {workers:?}",
-            sent.len(),
-            min_gap.as_millis(),
-            max_in_flight,
-            mean_wait.as_millis()
+            "  {host:<10} {:>5} ms  (replicas {senders:?})",
+            gap.unwrap_or(0)
         );
     }
-    println!(
-        "\nfinished in {:.1}s; no Redis was needed.",
-        t0.elapsed().as_secs_f64()
+
+    let bars: Vec<Bar> = fetched
+        .iter()
+        .map(|(n, f)| Bar {
+            host: f.host.clone(),
+            replica: *n,
+            start_ms: f.start_ms,
+            end_ms: f.end_ms,
+            status: f.status,
+            penalty_ms: f.retry_after_ms,
+        })
+        .collect();
+    let title = format!(
+        "{REPLICAS} replicas, one pace per host ({}), min_delay {:?}",
+        if demo.redis.is_some() {
+            "shared through Redis"
+        } else {
+            "shared in-process"
+        },
+        args.min_delay
     );
+    if let Some(dir) = demo.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&demo.out, svg(&bars, &title))?;
+    println!("\ntimeline: {}", demo.out.display());
     Ok(())
 }

@@ -42,7 +42,7 @@ impl Service<Name> for Local {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let upstream = examples::local_upstream().await;
+    let upstream = examples::local_upstream(false).await;
     let limiter = DomainLimiter::new(
         Pacing::builder()
             .min_delay(Duration::from_millis(250))

@@ -15,7 +15,7 @@ use redislimit_reqwest::PacingMiddleware;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let upstream = examples::local_upstream().await;
+    let upstream = examples::local_upstream(false).await;
     let limiter = DomainLimiter::new(
         Pacing::builder()
             .max_concurrent(1)

@@ -22,7 +22,7 @@ use reqwest_retry::policies::ExponentialBackoff;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let upstream = examples::local_upstream().await;
+    let upstream = examples::local_upstream(false).await;
     let limiter = DomainLimiter::new(
         Pacing::builder()
             .min_delay(Duration::from_millis(500))
