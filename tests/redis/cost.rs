@@ -39,6 +39,7 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
         "zadd",
         "pttl",
         "pexpire",
+        "zscore",
     ];
     for cap in [0u32, 3] {
         let l = limiter(

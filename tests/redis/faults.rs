@@ -191,3 +191,84 @@ async fn hooks_count_each_decision_once_while_falling_back_and_report_failed_rel
         "{errors:?}"
     );
 }
+
+/// Regression: an acquire whose call timed out while Redis was frozen used
+/// to leave its admission booked when Redis ran it later, blocking the host
+/// on every replica for `lease_ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_timed_out_books_nothing_when_redis_runs_it_later() {
+    let server = RedisServer::start();
+    let timeouts = redislimit::RedisTimeouts {
+        response: 200 * MS,
+        ..redislimit::RedisTimeouts::default()
+    };
+    let make = || {
+        let pool = redislimit::RedisPool::standalone(&server.url(), timeouts).unwrap();
+        limiter(pool, |p| p, |b| b.lease_ttl(Duration::from_secs(10)))
+    };
+    let (frozen, other) = (make(), make());
+    drop(
+        frozen
+            .acquire_host("t", host("warm.test"), None)
+            .await
+            .unwrap(),
+    );
+    server.pause();
+    let err = frozen
+        .acquire_host("t", host("a.test"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    tokio::time::sleep(300 * MS).await;
+    server.resume();
+    // Whichever runs first, the stalled acquire or its abandoned release,
+    // the host ends up free.
+    let p = bounded(
+        10,
+        other.acquire_host(
+            "t",
+            host("a.test"),
+            Some(tokio::time::Instant::now() + Duration::from_secs(3)),
+        ),
+    )
+    .await
+    .expect("the timed-out acquire left the host booked");
+    drop(p);
+    let gate = other.keys(&host("a.test")).gate;
+    tokio::time::sleep(100 * MS).await;
+    assert_eq!(server.command(&["HEXISTS", &gate, "holder"]).trim(), ":0");
+}
+
+/// Regression: the fallback paced as if requests admitted through Redis
+/// were not in flight, so losing Redis let a second request overlap them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_admitted_through_redis_still_count_when_redis_is_lost() {
+    let server = RedisServer::start();
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.max_concurrent(2).min_delay(Duration::from_secs(1)),
+        |b| b,
+    )
+    .with_fallback();
+    let held = l.acquire_host("t", host("a.test"), None).await.unwrap();
+    server.kill();
+    let soon = tokio::time::Instant::now() + 300 * MS;
+    let err = bounded(10, l.acquire_host("t", host("a.test"), Some(soon)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::WaitBudget { .. }),
+        "overlapped a request in flight: {err:?}"
+    );
+    drop(held);
+    let released = Instant::now();
+    drop(
+        bounded(10, l.acquire_host("t", host("a.test"), None))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        released.elapsed() >= Duration::from_secs(1),
+        "min_delay after the completion was not kept"
+    );
+}

@@ -134,3 +134,28 @@ async fn a_permit_held_for_three_lease_ttls_keeps_its_slot() {
         assert_serialized(&rec.host("a.test"), Duration::ZERO);
     }
 }
+
+/// Regression: in serialized mode the gate expired before a dead holder's
+/// gap (lease deadline + min_delay) was over, letting the next send in early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_outlives_a_dead_holders_lease_and_gap() {
+    let server = RedisServer::start();
+    let (ttl, gap) = (Duration::from_secs(3), Duration::from_secs(5));
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(gap),
+        |b| b.lease_ttl(ttl),
+    );
+    let gate = l.keys(&host("a.test")).gate;
+    crash_while_holding(l);
+    let pttl: i64 = server
+        .command(&["PTTL", &gate])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!(
+        pttl >= (ttl + gap).as_millis() as i64 - 500,
+        "the gate lives {pttl} ms, less than lease_ttl + min_delay"
+    );
+}

@@ -150,6 +150,16 @@ pub enum ConfigError {
         /// The value that was given.
         value: Duration,
     },
+    /// A duration below the smallest value that works.
+    #[error("{field} of {value:?} is too short: at least {min:?}")]
+    TooShort {
+        /// The name of the field.
+        field: &'static str,
+        /// The value that was given.
+        value: Duration,
+        /// The smallest value accepted.
+        min: Duration,
+    },
     /// A Redis URL or pool setting that the client refused.
     #[error("invalid Redis connection settings: {reason}")]
     InvalidRedis {

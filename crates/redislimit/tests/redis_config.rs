@@ -127,3 +127,18 @@ fn the_fallback_gets_the_limiters_pacing() {
         .unwrap();
     assert_eq!(lease.fallback_pacing().max_concurrent(), 3);
 }
+
+#[test]
+fn a_lease_too_short_to_renew_is_refused() {
+    assert_eq!(
+        RedisLimiter::builder(pool(), "domain")
+            .lease_ttl(Duration::from_millis(5))
+            .build()
+            .unwrap_err(),
+        ConfigError::TooShort {
+            field: "lease_ttl",
+            value: Duration::from_millis(5),
+            min: RedisLimiter::MIN_LEASE_TTL
+        }
+    );
+}

@@ -32,9 +32,10 @@ use crate::{BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, 
 /// task per host. Dropping an acquire future frees its place in line at
 /// once, and the next waiter is served as if it had never been there. A
 /// host's state is forgotten as soon as it constrains nothing any more (no
-/// request in flight, its delays and window elapsed), by one background
-/// task per limiter that sleeps until the next host becomes idle, so a crawl
-/// over millions of hosts holds state only for the recently active ones.
+/// request in flight, its delays and window elapsed), within 100 ms, by
+/// one background task per limiter that sleeps until the next host becomes
+/// idle, so a crawl over millions of hosts holds state only for the
+/// recently active ones.
 ///
 /// Cloning is cheap and the clones share all state.
 ///

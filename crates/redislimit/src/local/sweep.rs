@@ -8,6 +8,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// Sweeps happen on multiples of this since the limiter was made, so a
+/// stream of releases wakes the sweeper at most once per grain rather than
+/// once per release; an idle host is forgotten at most this much late.
+pub(crate) const GRAIN: Duration = Duration::from_millis(100);
+
 /// What the limiter and its sweeper task share besides the host map.
 #[derive(Debug)]
 pub(crate) struct SweepSignal {
@@ -35,8 +40,13 @@ impl SweepSignal {
         }
     }
 
+    /// `at` in microseconds since the epoch, rounded up to the grain.
     fn micros(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX - 1)
+        let grain = GRAIN.as_micros() as u64;
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros())
+            .ok()
+            .and_then(|us| us.div_ceil(grain).checked_mul(grain))
+            .unwrap_or(u64::MAX - 1)
     }
 
     /// A host becomes evictable at `at`: make sure the sweeper looks by then.

@@ -18,6 +18,7 @@ use crate::{ConfigError, HostKey};
 /// | `gate` | HASH | `next`: no send before this instant; in serialized mode also `holder` (the token sending now) and `busy` (its lease deadline) |
 /// | `leases` | ZSET | lease mode: token → lease deadline |
 /// | `admits` | ZSET | quota: token → admission instant |
+/// | `void` | ZSET | tokens of acquires abandoned before they ran → expiry |
 ///
 /// Instants are microseconds on the Redis server's clock. Every key carries a
 /// TTL covering what it protects, plus one second.
@@ -29,6 +30,8 @@ pub struct RedisKeys {
     pub leases: String,
     /// The ZSET of admission instants inside the quota window.
     pub admits: String,
+    /// The ZSET of abandoned acquires that must book nothing if they run.
+    pub void: String,
 }
 
 impl RedisKeys {
@@ -49,12 +52,13 @@ impl RedisKeys {
             gate: format!("{base}:gate"),
             leases: format!("{base}:leases"),
             admits: format!("{base}:admits"),
+            void: format!("{base}:void"),
         }
     }
 
     /// The keys in the order the scripts take them.
-    pub(crate) fn all(&self) -> [&str; 3] {
-        [&self.gate, &self.leases, &self.admits]
+    pub(crate) fn all(&self) -> [&str; 4] {
+        [&self.gate, &self.leases, &self.admits, &self.void]
     }
 }
 

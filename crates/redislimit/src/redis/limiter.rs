@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::Cmd;
+use deadpool_redis::redis::{Cmd, RedisError};
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
@@ -195,6 +195,13 @@ impl RedisLimiterBuilder {
         if lease_ttl_us == 0 {
             return Err(ConfigError::Zero { field: "lease_ttl" });
         }
+        if self.lease_ttl < RedisLimiter::MIN_LEASE_TTL {
+            return Err(ConfigError::TooShort {
+                field: "lease_ttl",
+                value: self.lease_ttl,
+                min: RedisLimiter::MIN_LEASE_TTL,
+            });
+        }
         if micros("concurrency_retry", self.concurrency_retry)? == 0 {
             return Err(ConfigError::Zero {
                 field: "concurrency_retry",
@@ -233,6 +240,9 @@ impl RedisLimiterBuilder {
 impl RedisLimiter {
     /// The default lease TTL.
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+    /// The shortest lease TTL accepted: a lease is renewed every half TTL,
+    /// and a renewal is a Redis round trip.
+    pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
     /// The default retry interval while a host's in-flight cap is taken.
     pub const DEFAULT_CONCURRENCY_RETRY: Duration = Duration::from_millis(50);
 
@@ -292,13 +302,16 @@ impl RedisLimiter {
         pong.map(drop).map_err(|e| unavailable(Op::Ping, e))
     }
 
-    /// Wraps this limiter in a [`FallbackLimiter`] that paces in-process with
-    /// [`fallback_pacing`](Self::fallback_pacing) and the same hooks while
-    /// Redis is unavailable.
-    pub fn with_fallback(self) -> FallbackLimiter<Self> {
-        let fallback =
-            DomainLimiter::with_hooks(self.fallback_pacing(), Arc::clone(&self.shared.hooks));
-        FallbackLimiter::new(self, fallback)
+    /// Puts this limiter on top of in-process pacing with
+    /// [`fallback_pacing`](Self::fallback_pacing), which carries on alone
+    /// while Redis is unavailable; see [`FallbackLimiter`]. The hooks move
+    /// to the fallback limiter, which reports each decision once; this
+    /// limiter keeps reporting its errors.
+    pub fn with_fallback(mut self) -> FallbackLimiter<Self> {
+        let hooks = Arc::clone(&self.shared.hooks);
+        let fallback = DomainLimiter::new(self.fallback_pacing());
+        self.report_waits = false;
+        FallbackLimiter::new(self, fallback).with_hooks(hooks)
     }
 }
 
@@ -358,6 +371,17 @@ fn unavailable(op: Op, err: QueryError) -> Error {
     }
 }
 
+/// Whether a failed call may still have reached Redis and run: it timed
+/// out or lost its connection after being sent, rather than never leaving.
+fn may_have_run(err: &Error) -> bool {
+    let Error::Unavailable { source, .. } = err else {
+        return false;
+    };
+    source
+        .downcast_ref::<RedisError>()
+        .is_some_and(|e| e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
+}
+
 /// A random lease token; unique per acquire, so a late release of an
 /// expired lease can never free a newer one.
 fn new_token() -> Arc<str> {
@@ -401,7 +425,9 @@ impl Shared {
                 armed: true,
             };
             let answer = self.try_acquire(&keys, &token).await;
-            booking.armed = false;
+            // A call that timed out or lost its connection may still run:
+            // keep the guard armed so it is undone (or voided) either way.
+            booking.armed = matches!(&answer, Err(err) if may_have_run(err));
             drop(booking);
             let (wait, full) = match answer {
                 Ok(Answer::Admitted) => {
@@ -451,6 +477,10 @@ impl Shared {
             .map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
             [1, _] => Ok(Answer::Admitted),
+            [0, _, 2] => Err(Error::unavailable(
+                Op::Acquire,
+                "this acquire had been abandoned (its call timed out) before Redis ran it",
+            )),
             [0, wait, full @ (0 | 1)] if wait >= 0 => Ok(Answer::Wait {
                 // The script caps waits at max_wait_us; so does this.
                 wait: Duration::from_micros((wait as u64).min(self.max_wait_us)),
@@ -516,19 +546,35 @@ impl Shared {
     }
 
     /// Returns the slot; `abandoned` when the caller never saw the admission.
+    ///
+    /// Retried with backoff while Redis is unavailable, for as long as the
+    /// slot could still matter (`lease_ttl`): a release that never lands
+    /// would hold the host for that long. The first failure is reported.
     async fn release(&self, keys: &RedisKeys, token: &str, abandoned: bool) {
-        let released = RELEASE
-            .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
-                cmd.arg(token)
-                    .arg(self.min_delay_us)
-                    .arg(self.cluster_concurrency)
-                    .arg(u8::from(abandoned));
-            })
-            .await;
-        if let Err(e) = released {
+        let start = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let released = RELEASE
+                .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+                    cmd.arg(token)
+                        .arg(self.min_delay_us)
+                        .arg(self.cluster_concurrency)
+                        .arg(u8::from(abandoned))
+                        .arg(self.lease_ttl_us);
+                })
+                .await;
+            let Err(e) = released else { return };
             let err = unavailable(Op::Release, e);
-            tracing::warn!(gate = %keys.gate, error = %err, "release failed");
-            self.hooks.on_error(Op::Release, &err);
+            if backoff == Duration::from_millis(50) {
+                tracing::warn!(gate = %keys.gate, error = %err, "release failed; retrying");
+                self.hooks.on_error(Op::Release, &err);
+            }
+            if start.elapsed() + backoff > self.lease_ttl {
+                tracing::warn!(gate = %keys.gate, "release abandoned; the lease will lapse");
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     }
 

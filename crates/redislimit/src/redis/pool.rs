@@ -185,6 +185,9 @@ pub(crate) struct Connections {
     pool: RedisPool,
     /// The shared connection and its generation.
     current: Mutex<(u64, Option<Conn>)>,
+    /// Held while a replacement connection is being made, so a crowd of
+    /// callers after a failure makes one connection, not one each.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 #[derive(Clone)]
@@ -198,6 +201,7 @@ impl Connections {
         Self {
             pool,
             current: Mutex::new((0, None)),
+            connecting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -209,9 +213,18 @@ impl Connections {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn cached(&self) -> Option<(u64, Conn)> {
+        let current = self.lock();
+        current.1.clone().map(|conn| (current.0, conn))
+    }
+
     async fn connection(&self) -> Result<(u64, Conn), QueryError> {
-        if let (generation, Some(conn)) = &*self.lock() {
-            return Ok((*generation, conn.clone()));
+        if let Some(cached) = self.cached() {
+            return Ok(cached);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(cached) = self.cached() {
+            return Ok(cached);
         }
         let pool_err = |e: deadpool_redis::PoolError| QueryError::Pool(Box::new(e));
         let conn = match &self.pool {
@@ -262,6 +275,9 @@ fn should_discard(err: &RedisError) -> bool {
             err.kind(),
             ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
         )
+        // Before Redis 7, a write refused inside a script comes back as a
+        // script error whose text carries the READONLY.
+        || err.to_string().contains("READONLY")
 }
 
 /// Why a Redis call failed.

@@ -4,16 +4,24 @@
 --                       mode: the token sending now and its lease deadline)
 -- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only
 -- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only
+-- KEYS[4] void    ZSET  token -> expiry (µs): acquires abandoned before
+--                       they ran, which must book nothing when they do run
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
 -- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
 --
 -- Returns {1, now} when admitted, or {0, wait, full}: no send for `wait` µs,
--- and full = 1 when the host's in-flight cap is taken (retry soon after).
-local gate, leases, admits = KEYS[1], KEYS[2], KEYS[3]
+-- and full = 1 when the host's in-flight cap is taken (retry soon after),
+-- or {0, 0, 2} when this acquire had already been abandoned.
+local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = ARGV[1]
 local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = clock()
+
+if redis.call('ZSCORE', void, token) then
+  redis.call('ZREM', void, token)
+  return {0, 0, 2}
+end
 
 local state = redis.call('HMGET', gate, 'next', 'holder', 'busy')
 local nxt, holder, busy = number(state[1]), state[2], number(state[3])
@@ -60,7 +68,8 @@ nxt = math.max(nxt, now + min_delay)
 local deadline = now + lease_ttl
 if cap == 0 then
   redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
-  extend(gate, math.max(nxt, deadline) - now)
+  -- A holder that dies still owes the gap after its lease deadline.
+  extend(gate, math.max(nxt, deadline + min_delay) - now)
 else
   if nxt > now then
     redis.call('HSET', gate, 'next', int(nxt))

@@ -1,30 +1,47 @@
 -- release.lua: a request is complete (or its acquire was abandoned).
 --
--- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   (layout in acquire.lua)
+-- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   KEYS[4] void
+--                                                     (layout in acquire.lua)
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency
 -- ARGV[4] 1 when the acquire was abandoned before its caller saw the
---         admission: undo it without counting a completion
+--         admission: undo it without counting a completion, and if it has
+--         not run yet, make sure it books nothing when it does
+-- ARGV[5] lease_ttl (how long an abandoned acquire may still arrive)
 --
 -- Returns 1 when the token still held its slot, 0 when it no longer did
 -- (its lease lapsed, or it was never admitted).
-local gate, leases, admits = KEYS[1], KEYS[2], KEYS[3]
+local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, min_delay = ARGV[1], tonumber(ARGV[2])
-local cap, abandoned = tonumber(ARGV[3]), ARGV[4] == '1'
+local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local now = clock()
+
+local held
+if cap ~= 0 then
+  held = redis.call('ZREM', leases, token) == 1
+else
+  held = redis.call('HGET', gate, 'holder') == token
+end
 
 if abandoned then
   redis.call('ZREM', admits, token)
+  if not held then
+    -- The acquire may still be on its way (a timed-out call, a frozen
+    -- server): void its token until it could no longer matter.
+    redis.call('ZREMRANGEBYSCORE', void, '-inf', int(now))
+    redis.call('ZADD', void, int(now + lease_ttl), token)
+    extend(void, lease_ttl)
+    return 0
+  end
 end
 
 if cap ~= 0 then
   -- Lease mode spaces sends only; a completion moves nothing.
-  return redis.call('ZREM', leases, token)
+  return held and 1 or 0
 end
-
-local state = redis.call('HMGET', gate, 'next', 'holder')
-if state[2] ~= token then
+if not held then
   return 0
 end
+local state = redis.call('HMGET', gate, 'next')
 local nxt = number(state[1])
 if nxt == nil then
   return corrupt(gate)

@@ -2,10 +2,12 @@
 --
 -- KEYS[1] gate   KEYS[2] leases   (layout in acquire.lua)
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
+-- ARGV[4] min_delay (serialized mode: owed after a dead holder's deadline)
 --
 -- Returns 1 when the lease was extended, 0 when the token had lost its slot.
 local gate, leases = KEYS[1], KEYS[2]
 local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local min_delay = tonumber(ARGV[4])
 local deadline = clock() + lease_ttl
 
 if cap == 0 then
@@ -13,7 +15,7 @@ if cap == 0 then
     return 0
   end
   redis.call('HSET', gate, 'busy', int(deadline))
-  extend(gate, lease_ttl)
+  extend(gate, lease_ttl + min_delay)
   return 1
 end
 
