@@ -4,6 +4,7 @@
 //! integration tests spawn are installed, then runs rustfmt, clippy, the tests and rustdoc,
 //! stopping at the first step that fails.
 
+mod bench;
 mod redis;
 #[cfg(test)]
 mod tidy;
@@ -43,6 +44,8 @@ enum Task {
         #[arg(last = true, hide = true)]
         test_args: Vec<String>,
     },
+    /// Run every benchmark, print a table and write target/bench/summary.json.
+    Bench,
     /// Run the `demo` example; every argument is passed through to it.
     Demo {
         /// Arguments for the demo.
@@ -53,7 +56,7 @@ enum Task {
 
 /// A step that failed, with what went wrong.
 #[derive(Debug)]
-struct Failure {
+pub(crate) struct Failure {
     step: &'static str,
     detail: String,
     /// Exit code to leave with (the child's, for `demo`).
@@ -61,7 +64,7 @@ struct Failure {
 }
 
 impl Failure {
-    fn new(step: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(step: &'static str, detail: impl Into<String>) -> Self {
         Self {
             step,
             detail: detail.into(),
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
             test(&cargo_args, &test_args)
         }
         Task::Demo { args } => demo(&args),
+        Task::Bench => bench::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -252,7 +256,7 @@ fn demo(args: &[String]) -> Result<(), Failure> {
 }
 
 /// Prints a step header and runs `cmd` with inherited stdio; a non-zero exit fails `name`.
-fn step(name: &'static str, cmd: &mut Command) -> Result<(), Failure> {
+pub(crate) fn step(name: &'static str, cmd: &mut Command) -> Result<(), Failure> {
     header(&format!("{name}: {}", show(cmd)));
     let status = cmd
         .status()
@@ -267,12 +271,12 @@ fn step(name: &'static str, cmd: &mut Command) -> Result<(), Failure> {
     }
 }
 
-fn header(text: &str) {
+pub(crate) fn header(text: &str) {
     println!("==> {text}");
 }
 
 /// `cargo` as the one running us (`$CARGO`), in the workspace root.
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let program = env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut cmd = Command::new(program);
     cmd.current_dir(project_root());
@@ -280,7 +284,7 @@ fn cargo() -> Command {
 }
 
 /// The workspace root: the parent of this package's directory.
-fn project_root() -> PathBuf {
+pub(crate) fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")

@@ -117,7 +117,15 @@ impl<'a> WaitReport<'a> {
 
     /// Reports `outcome`; returns how long the acquire waited.
     pub(crate) fn finish(mut self, outcome: WaitOutcome) -> Duration {
-        self.emit(outcome)
+        let waited = self.start.elapsed();
+        self.emit(outcome, waited);
+        waited
+    }
+
+    /// Reports `outcome` after a wait already known (saves a clock read on
+    /// the fast path).
+    pub(crate) fn finish_waited(mut self, outcome: WaitOutcome, waited: Duration) {
+        self.emit(outcome, waited);
     }
 
     /// Reports a blown budget and builds its error: the wait would have
@@ -137,9 +145,8 @@ impl<'a> WaitReport<'a> {
         self.done = true;
     }
 
-    fn emit(&mut self, outcome: WaitOutcome) -> Duration {
+    fn emit(&mut self, outcome: WaitOutcome, waited: Duration) {
         self.done = true;
-        let waited = self.start.elapsed();
         self.hooks.on_wait(self.engine, outcome, waited);
         tracing::debug!(
             engine = self.engine,
@@ -148,14 +155,14 @@ impl<'a> WaitReport<'a> {
             waited_us = waited.as_micros() as u64,
             "acquire"
         );
-        waited
     }
 }
 
 impl Drop for WaitReport<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.emit(WaitOutcome::Canceled);
+            let waited = self.start.elapsed();
+            self.emit(WaitOutcome::Canceled, waited);
         }
     }
 }

@@ -196,7 +196,8 @@ async fn acquire(
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
             entry.state.admit(start, pacing);
             drop(guard);
-            return Ok(inner.permit(host.clone(), report.finish(WaitOutcome::Acquired)));
+            report.finish_waited(WaitOutcome::Acquired, Duration::ZERO);
+            return Ok(inner.permit(host.clone(), Duration::ZERO));
         }
         if let Some(deadline) = deadline {
             let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);

@@ -2,10 +2,12 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::{Cmd, RedisError};
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::keys::{RedisKeys, check_name};
@@ -109,6 +111,11 @@ struct Shared {
     hooks: Arc<dyn Hooks>,
     /// The per-process cap and FIFO order; records no hooks of its own.
     local: DomainLimiter,
+    /// One Redis caller per host at a time in this process, in FIFO order.
+    pollers: DomainLimiter,
+    /// Releases spawned and not yet answered, and a wake-up when one is.
+    releases: AtomicUsize,
+    released: Notify,
     /// Script arguments, in microseconds.
     min_delay_us: u64,
     lease_ttl_us: u64,
@@ -126,7 +133,7 @@ pub struct RedisLimiterBuilder {
     pacing: Pacing,
     cluster_concurrency: u32,
     lease_ttl: Duration,
-    concurrency_retry: Duration,
+    concurrency_retry: Option<Duration>,
     hooks: Arc<dyn Hooks>,
 }
 
@@ -173,10 +180,16 @@ impl RedisLimiterBuilder {
     }
 
     /// How soon to ask again when the host's in-flight cap is taken
-    /// (default 50 ms, plus jitter). A slot frees on another replica's
-    /// release, which nothing announces, so this is a short retry.
+    /// (plus jitter). A slot frees on another replica's release, which
+    /// nothing announces, so this is a short retry.
+    ///
+    /// The default is 50 ms, or `min_delay` when that is shorter: in
+    /// serialized mode no send can follow the release it waits for by less
+    /// than `min_delay`, so a waiter that asks at least that often is
+    /// admitted at the first allowed instant and the host's pace loses
+    /// nothing to polling.
     pub fn concurrency_retry(mut self, retry: Duration) -> Self {
-        self.concurrency_retry = retry;
+        self.concurrency_retry = Some(retry);
         self
     }
 
@@ -202,7 +215,18 @@ impl RedisLimiterBuilder {
                 min: RedisLimiter::MIN_LEASE_TTL,
             });
         }
-        if micros("concurrency_retry", self.concurrency_retry)? == 0 {
+        let concurrency_retry = self.concurrency_retry.unwrap_or_else(|| {
+            let min_delay = self.pacing.min_delay();
+            if min_delay.is_zero() {
+                RedisLimiter::DEFAULT_CONCURRENCY_RETRY
+            } else {
+                min_delay.clamp(
+                    Duration::from_millis(1),
+                    RedisLimiter::DEFAULT_CONCURRENCY_RETRY,
+                )
+            }
+        });
+        if micros("concurrency_retry", concurrency_retry)? == 0 {
             return Err(ConfigError::Zero {
                 field: "concurrency_retry",
             });
@@ -220,13 +244,16 @@ impl RedisLimiterBuilder {
             report_waits: true,
             shared: Arc::new(Shared {
                 local: DomainLimiter::new(Pacing::default().with_max_concurrent(local_cap)),
+                pollers: DomainLimiter::new(Pacing::default()),
+                releases: AtomicUsize::new(0),
+                released: Notify::new(),
                 redis: Connections::new(self.pool),
                 prefix: self.prefix,
                 scope: self.scope,
                 pacing: self.pacing,
                 cluster_concurrency: self.cluster_concurrency,
                 lease_ttl: self.lease_ttl,
-                concurrency_retry: self.concurrency_retry,
+                concurrency_retry,
                 hooks: self.hooks,
                 min_delay_us,
                 lease_ttl_us,
@@ -243,7 +270,8 @@ impl RedisLimiter {
     /// The shortest lease TTL accepted: a lease is renewed every half TTL,
     /// and a renewal is a Redis round trip.
     pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
-    /// The default retry interval while a host's in-flight cap is taken.
+    /// The longest default retry interval while a host's in-flight cap is
+    /// taken (see [`RedisLimiterBuilder::concurrency_retry`]).
     pub const DEFAULT_CONCURRENCY_RETRY: Duration = Duration::from_millis(50);
 
     /// Starts a limiter for `scope` (e.g. `domain` for crawling, `search`
@@ -257,7 +285,7 @@ impl RedisLimiter {
             pacing: Pacing::default(),
             cluster_concurrency: 0,
             lease_ttl: Self::DEFAULT_LEASE_TTL,
-            concurrency_retry: Self::DEFAULT_CONCURRENCY_RETRY,
+            concurrency_retry: None,
             hooks: Arc::new(NoHooks),
         }
     }
@@ -413,9 +441,28 @@ impl Shared {
                 return Err(err);
             }
         };
+        // One waiter per host and process asks Redis at a time; the rest
+        // queue here, in order. Fewer callers race at each opening, and a
+        // crowd of waiters costs Redis one caller per process.
+        let polling = match self
+            .pollers
+            .acquire_host(engine, host.clone(), deadline)
+            .await
+        {
+            Ok(permit) => permit,
+            Err(err) => {
+                if matches!(err, Error::WaitBudget { .. }) {
+                    report.finish(WaitOutcome::BudgetExceeded);
+                } else {
+                    report.abandon();
+                }
+                return Err(err);
+            }
+        };
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
         let token = new_token();
         let runtime = Handle::current();
+        let mut retried_after_release = false;
         loop {
             let mut booking = Booking {
                 shared: self,
@@ -424,6 +471,14 @@ impl Shared {
                 runtime: &runtime,
                 armed: true,
             };
+            // A full host may be full of this process's own requests whose
+            // releases are still on their way to Redis (sent after this
+            // acquire): listen for them before asking, so the answer "full"
+            // can be retried as soon as one lands, not a retry interval later.
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let releasing = self.releases.load(Ordering::Acquire) > 0;
             let answer = self.try_acquire(&keys, &token).await;
             // A call that timed out or lost its connection may still run:
             // keep the guard armed so it is undone (or voided) either way.
@@ -431,6 +486,7 @@ impl Shared {
             drop(booking);
             let (wait, full) = match answer {
                 Ok(Answer::Admitted) => {
+                    drop(polling);
                     let waited = report.finish(WaitOutcome::Acquired);
                     return Ok(self.permit(host, waited, keys, token, local, runtime));
                 }
@@ -458,7 +514,15 @@ impl Shared {
                 }
                 wake = wake.min(deadline);
             }
-            tokio::time::sleep_until(wake).await;
+            if full && releasing && !retried_after_release {
+                retried_after_release = true;
+                tokio::select! {
+                    () = released => {}
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+            } else {
+                tokio::time::sleep_until(wake).await;
+            }
         }
     }
 
@@ -509,7 +573,12 @@ impl Shared {
         Permit::new(host, waited, move || {
             renewal.abort();
             drop(local);
-            runtime.spawn(async move { shared.release(&keys, &token, false).await });
+            shared.releases.fetch_add(1, Ordering::AcqRel);
+            runtime.spawn(async move {
+                shared.release(&keys, &token, false).await;
+                shared.releases.fetch_sub(1, Ordering::AcqRel);
+                shared.released.notify_waiters();
+            });
         })
     }
 

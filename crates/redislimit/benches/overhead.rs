@@ -1,0 +1,84 @@
+//! In-process overhead: an uncontended acquire + release, on one host and
+//! on 10,000 hosts round-robin, against a baseline built from well-known
+//! parts (governor's keyed rate-limiter check plus a tokio Semaphore
+//! acquire/release). Run by `cargo xtask bench`, which reads the results
+//! from `target/criterion`.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use redislimit::{DomainLimiter, HostKey, Limiter, Pacing};
+use tokio::sync::Semaphore;
+
+const HOSTS: usize = 10_000;
+
+fn hosts() -> Vec<HostKey> {
+    (0..HOSTS)
+        .map(|i| HostKey::parse(&format!("http://h{i}.example/")).unwrap())
+        .collect()
+}
+
+fn overhead(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let keys = hosts();
+    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    // Pacing that never makes this loop wait: one in flight, released at once.
+    let limiter = rt.block_on(async { DomainLimiter::new(Pacing::default()) });
+    let quota = Quota::per_second(NonZeroU32::MAX);
+    let governor = RateLimiter::keyed(quota);
+    let semaphore = Semaphore::new(1);
+
+    let mut group = c.benchmark_group("in_process");
+    group
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+
+    group.bench_function("ours_one_host", |b| {
+        b.to_async(&rt).iter(|| async {
+            let permit = limiter
+                .acquire_host("bench", keys[0].clone(), None)
+                .await
+                .unwrap();
+            drop(permit);
+        })
+    });
+    group.bench_function("baseline_one_host", |b| {
+        b.to_async(&rt).iter(|| async {
+            governor.check_key(&names[0]).unwrap();
+            drop(semaphore.acquire().await.unwrap());
+        })
+    });
+
+    let mut i = 0;
+    group.bench_function("ours_10k_hosts", |b| {
+        b.to_async(&rt).iter(|| {
+            i = (i + 1) % HOSTS;
+            let key = keys[i].clone();
+            let limiter = &limiter;
+            async move {
+                let permit = limiter.acquire_host("bench", key, None).await.unwrap();
+                drop(permit);
+            }
+        })
+    });
+    let mut j = 0;
+    group.bench_function("baseline_10k_hosts", |b| {
+        b.to_async(&rt).iter(|| {
+            j = (j + 1) % HOSTS;
+            let (governor, semaphore, name) = (&governor, &semaphore, &names[j]);
+            async move {
+                governor.check_key(name).unwrap();
+                drop(semaphore.acquire().await.unwrap());
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, overhead);
+criterion_main!(benches);

@@ -1,0 +1,120 @@
+//! `bench`: the system benchmarks `cargo xtask bench` runs next to the
+//! criterion micro-benchmarks. Each figure is measured side by side with a
+//! baseline in the same run and written as one JSON object (name, ours,
+//! baseline, ratio, units, parameters) to the file given with `--out`.
+//!
+//! Real parts only: Redis servers and the HTTP upstream are started on
+//! loopback by this package's harness.
+
+mod middleware;
+mod redis_cost;
+mod saturation;
+mod scale;
+mod scaling;
+
+use std::alloc::System;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+/// Counts the heap, for the memory figures.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Bytes live on the heap now.
+pub(crate) fn live_bytes() -> i64 {
+    let s = GLOBAL.stats();
+    s.bytes_allocated as i64 - s.bytes_deallocated as i64 + s.bytes_reallocated as i64
+}
+
+/// One measured figure and its baseline.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Figure {
+    pub(crate) name: String,
+    pub(crate) ours: f64,
+    pub(crate) baseline: f64,
+    pub(crate) baseline_is: String,
+    pub(crate) ratio: f64,
+    pub(crate) units: String,
+    pub(crate) params: serde_json::Value,
+}
+
+impl Figure {
+    pub(crate) fn new(
+        name: &str,
+        ours: f64,
+        baseline: f64,
+        baseline_is: &str,
+        units: &str,
+        params: serde_json::Value,
+    ) -> Self {
+        let ratio = if baseline == 0.0 {
+            f64::NAN
+        } else {
+            ours / baseline
+        };
+        println!(
+            "{name:<40} {ours:>14.2} {baseline:>14.2} {ratio:>8.3}  {units} (baseline: {baseline_is})"
+        );
+        Self {
+            name: name.to_owned(),
+            ours,
+            baseline,
+            baseline_is: baseline_is.to_owned(),
+            ratio,
+            units: units.to_owned(),
+            params,
+        }
+    }
+}
+
+fn main() {
+    let mut out = PathBuf::from("target/bench/system.json");
+    let mut only: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--out" => out = args.next().map(PathBuf::from).expect("--out needs a path"),
+            "--bench" => {}
+            other => only.push(other.to_owned()),
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| name.contains(o.as_str()));
+    println!(
+        "{:<40} {:>14} {:>14} {:>8}",
+        "figure", "ours", "baseline", "ratio"
+    );
+    let mut figures = Vec::new();
+    runtime.block_on(async {
+        if wanted("scale") {
+            figures.extend(scale::run().await);
+        }
+        if wanted("redis") {
+            figures.extend(redis_cost::run().await);
+        }
+        if wanted("saturation") {
+            figures.extend(saturation::run().await);
+        }
+        if wanted("scaling") {
+            figures.extend(scaling::run().await);
+        }
+        if wanted("middleware") {
+            figures.extend(middleware::run().await);
+        }
+    });
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).expect("create the output directory");
+    }
+    std::fs::write(
+        &out,
+        serde_json::to_string_pretty(&figures).expect("serialize"),
+    )
+    .expect("write the figures");
+    println!("wrote {}", out.display());
+}

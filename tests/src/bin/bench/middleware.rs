@@ -1,0 +1,86 @@
+//! Middleware overhead: sequential requests through the reqwest middleware
+//! with pacing that never waits, against bare reqwest to the same loopback
+//! server; p50 and p99 latency, in-process and with Redis.
+
+use std::time::Instant;
+
+use redislimit::{DomainLimiter, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit_reqwest::PacingMiddleware;
+use redislimit_tests::{RedisServer, Upstream};
+use reqwest_middleware::ClientWithMiddleware;
+use serde_json::json;
+
+use crate::Figure;
+
+const REQUESTS: usize = 2000;
+const WARMUP: usize = 200;
+
+fn client(upstream: &Upstream, limiter: Option<Box<dyn Limiter>>) -> ClientWithMiddleware {
+    let http = reqwest::Client::builder()
+        .resolve("mw.test", upstream.addr())
+        .build()
+        .unwrap();
+    let builder = reqwest_middleware::ClientBuilder::new(http);
+    match limiter {
+        Some(limiter) => builder
+            .with(PacingMiddleware::from_arc(limiter.into()))
+            .build(),
+        None => builder.build(),
+    }
+}
+
+/// Latencies (µs) of sequential GETs, sorted.
+async fn latencies(client: &ClientWithMiddleware, url: &str) -> Vec<f64> {
+    let mut all = Vec::with_capacity(REQUESTS);
+    for i in 0..WARMUP + REQUESTS {
+        let start = Instant::now();
+        let response = client.get(url).send().await.unwrap();
+        response.bytes().await.unwrap();
+        if i >= WARMUP {
+            all.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    all.sort_by(f64::total_cmp);
+    all
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub(crate) async fn run() -> Vec<Figure> {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let url = upstream.url("mw.test", "/");
+    let bare = latencies(&client(&upstream, None), &url).await;
+    let never_waits = || Pacing::builder().max_concurrent(1000).build().unwrap();
+    let local = latencies(
+        &client(&upstream, Some(Box::new(DomainLimiter::new(never_waits())))),
+        &url,
+    )
+    .await;
+    let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
+    let redis = RedisLimiter::builder(pool, "middleware")
+        .pacing(never_waits())
+        .cluster_concurrency(1000)
+        .build()
+        .unwrap()
+        .with_fallback();
+    let shared = latencies(&client(&upstream, Some(Box::new(redis))), &url).await;
+
+    let params = json!({ "requests": REQUESTS, "upstream": "loopback, empty 200" });
+    let mut figures = Vec::new();
+    for (label, sorted) in [("in_process", &local), ("redis", &shared)] {
+        for (p, name) in [(0.5, "p50"), (0.99, "p99")] {
+            figures.push(Figure::new(
+                &format!("middleware_{label}_{name}_latency"),
+                pct(sorted, p),
+                pct(&bare, p),
+                "bare reqwest",
+                "µs",
+                params.clone(),
+            ));
+        }
+    }
+    figures
+}

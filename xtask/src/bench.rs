@@ -1,0 +1,107 @@
+//! `cargo xtask bench`: the criterion micro-benchmarks and the system
+//! benchmarks, merged into one table and `target/bench/summary.json`.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::{Failure, cargo, header, project_root, step};
+
+/// The criterion benchmarks read back, as (figure, ours, baseline).
+const MICRO: [(&str, &str, &str); 2] = [
+    ("in_process_one_host", "ours_one_host", "baseline_one_host"),
+    (
+        "in_process_10k_hosts",
+        "ours_10k_hosts",
+        "baseline_10k_hosts",
+    ),
+];
+
+/// The mean of a criterion benchmark of the `in_process` group, in ns.
+fn criterion_mean(root: &Path, bench: &str) -> Result<f64, Failure> {
+    let path = root
+        .join("target/criterion/in_process")
+        .join(bench)
+        .join("new/estimates.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Failure::new("bench", format!("cannot read {}: {e}", path.display())))?;
+    let estimates: Value = serde_json::from_str(&text)
+        .map_err(|e| Failure::new("bench", format!("{} is not JSON: {e}", path.display())))?;
+    estimates["mean"]["point_estimate"]
+        .as_f64()
+        .ok_or_else(|| Failure::new("bench", format!("no mean in {}", path.display())))
+}
+
+pub(crate) fn run() -> Result<(), Failure> {
+    let root = project_root();
+    header("redis: redis-server, redis-cli and redis-sentinel on PATH");
+    crate::redis::ensure_installed().map_err(|detail| Failure::new("bench", detail))?;
+    step(
+        "bench",
+        cargo().args(["bench", "-p", "redislimit", "--bench", "overhead"]),
+    )?;
+    let system = root.join("target/bench/system.json");
+    step(
+        "bench",
+        cargo()
+            .args([
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "redislimit-tests",
+                "--bin",
+                "bench",
+                "--",
+                "--out",
+            ])
+            .arg(&system),
+    )?;
+
+    let mut figures = Vec::new();
+    for (name, ours, baseline) in MICRO {
+        let (ours, baseline) = (
+            criterion_mean(&root, ours)?,
+            criterion_mean(&root, baseline)?,
+        );
+        figures.push(json!({
+            "name": name,
+            "ours": ours,
+            "baseline": baseline,
+            "baseline_is": "governor keyed check + tokio Semaphore acquire/release",
+            "ratio": ours / baseline,
+            "units": "ns/op",
+            "params": { "pacing": "one in flight per host, nothing else; uncontended", "tool": "criterion" },
+        }));
+    }
+    let text = std::fs::read_to_string(&system)
+        .map_err(|e| Failure::new("bench", format!("cannot read {}: {e}", system.display())))?;
+    let Value::Array(system) = serde_json::from_str(&text)
+        .map_err(|e| Failure::new("bench", format!("{} is not JSON: {e}", system.display())))?
+    else {
+        return Err(Failure::new("bench", "the system figures are not a list"));
+    };
+    figures.extend(system);
+
+    println!(
+        "\n{:<40} {:>14} {:>14} {:>8}  units",
+        "figure", "ours", "baseline", "ratio"
+    );
+    for f in &figures {
+        println!(
+            "{:<40} {:>14.2} {:>14.2} {:>8.3}  {}",
+            f["name"].as_str().unwrap_or("?"),
+            f["ours"].as_f64().unwrap_or(f64::NAN),
+            f["baseline"].as_f64().unwrap_or(f64::NAN),
+            f["ratio"].as_f64().unwrap_or(f64::NAN),
+            f["units"].as_str().unwrap_or("")
+        );
+    }
+    let summary = root.join("target/bench/summary.json");
+    let text =
+        serde_json::to_string_pretty(&figures).map_err(|e| Failure::new("bench", e.to_string()))?;
+    std::fs::write(&summary, text)
+        .map_err(|e| Failure::new("bench", format!("cannot write {}: {e}", summary.display())))?;
+    println!("\nwrote {}", summary.display());
+    Ok(())
+}
