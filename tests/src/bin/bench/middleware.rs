@@ -14,6 +14,7 @@ use crate::Figure;
 
 const REQUESTS: usize = 2000;
 const WARMUP: usize = 200;
+const ROUNDS: usize = 5;
 
 fn client(upstream: &Upstream, limiter: Option<Box<dyn Limiter>>) -> ClientWithMiddleware {
     let http = reqwest::Client::builder()
@@ -29,18 +30,15 @@ fn client(upstream: &Upstream, limiter: Option<Box<dyn Limiter>>) -> ClientWithM
     }
 }
 
-/// Latencies (µs) of sequential GETs, sorted.
-async fn latencies(client: &ClientWithMiddleware, url: &str) -> Vec<f64> {
-    let mut all = Vec::with_capacity(REQUESTS);
-    for i in 0..WARMUP + REQUESTS {
+/// Latencies (µs) of `n` sequential GETs.
+async fn latencies(client: &ClientWithMiddleware, url: &str, n: usize) -> Vec<f64> {
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
         let start = Instant::now();
         let response = client.get(url).send().await.unwrap();
         response.bytes().await.unwrap();
-        if i >= WARMUP {
-            all.push(start.elapsed().as_secs_f64() * 1e6);
-        }
+        all.push(start.elapsed().as_secs_f64() * 1e6);
     }
-    all.sort_by(f64::total_cmp);
     all
 }
 
@@ -52,13 +50,7 @@ pub(crate) async fn run() -> Vec<Figure> {
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let url = upstream.url("mw.test", "/");
-    let bare = latencies(&client(&upstream, None), &url).await;
     let never_waits = || Pacing::builder().max_concurrent(1000).build().unwrap();
-    let local = latencies(
-        &client(&upstream, Some(Box::new(DomainLimiter::new(never_waits())))),
-        &url,
-    )
-    .await;
     let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
     let redis = RedisLimiter::builder(pool, "middleware")
         .pacing(never_waits())
@@ -66,7 +58,26 @@ pub(crate) async fn run() -> Vec<Figure> {
         .build()
         .unwrap()
         .with_fallback();
-    let shared = latencies(&client(&upstream, Some(Box::new(redis))), &url).await;
+    let clients = [
+        client(&upstream, None),
+        client(&upstream, Some(Box::new(DomainLimiter::new(never_waits())))),
+        client(&upstream, Some(Box::new(redis))),
+    ];
+    // Warm every client up, then interleave rounds so that drift in the
+    // machine's load falls on all three alike.
+    for c in &clients {
+        latencies(c, &url, WARMUP).await;
+    }
+    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (c, s) in clients.iter().zip(samples.iter_mut()) {
+            s.extend(latencies(c, &url, REQUESTS / ROUNDS).await);
+        }
+    }
+    for s in &mut samples {
+        s.sort_by(f64::total_cmp);
+    }
+    let [bare, local, shared] = samples;
 
     let params = json!({ "requests": REQUESTS, "upstream": "loopback, empty 200" });
     let mut figures = Vec::new();
