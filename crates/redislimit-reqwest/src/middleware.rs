@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Extensions;
-use redislimit::http::{Engine, PermitBody, penalty};
+use redislimit::http::{PaceOptions, PermitBody};
 use redislimit::{HostKey, Limiter, Permit};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next, Result};
-use tokio::time::Instant;
 
 use crate::error::to_middleware;
 
@@ -19,7 +18,7 @@ use crate::error::to_middleware;
 /// For each request it:
 /// 1. takes the host key of the URL (a URL without a host fails);
 /// 2. waits for a permit under the engine label set here, or the one the
-///    request carries as an [`Engine`] extension
+///    request carries as an [`Engine`](crate::Engine) extension
 ///    (`RequestBuilder::with_extension(Engine::new("search"))`), within a
 ///    budget: the request's own timeout or [`with_max_wait`](Self::with_max_wait),
 ///    whichever is shorter; a wait that cannot fit fails at once;
@@ -35,9 +34,7 @@ use crate::error::to_middleware;
 #[derive(Clone)]
 pub struct PacingMiddleware {
     limiter: Arc<dyn Limiter>,
-    engine: Engine,
-    max_wait: Option<Duration>,
-    default_penalty: Option<Duration>,
+    options: PaceOptions,
 }
 
 impl PacingMiddleware {
@@ -50,28 +47,26 @@ impl PacingMiddleware {
     pub fn from_arc(limiter: Arc<dyn Limiter>) -> Self {
         Self {
             limiter,
-            engine: Engine::new("default"),
-            max_wait: None,
-            default_penalty: None,
+            options: PaceOptions::default(),
         }
     }
 
     /// The engine label reported to hooks for requests that carry none.
     pub fn with_engine(mut self, engine: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        self.engine = Engine::new(engine);
+        self.options = self.options.with_engine(engine);
         self
     }
 
     /// The longest any request may wait for its turn; a longer wait fails at
     /// once with [`redislimit::Error::WaitBudget`].
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = Some(max_wait);
+        self.options = self.options.with_max_wait(max_wait);
         self
     }
 
     /// The penalty for a `429` or `503` that carries no usable `Retry-After`.
     pub fn with_default_penalty(mut self, penalty: Duration) -> Self {
-        self.default_penalty = Some(penalty);
+        self.options = self.options.with_default_penalty(penalty);
         self
     }
 
@@ -85,9 +80,7 @@ impl fmt::Debug for PacingMiddleware {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PacingMiddleware")
             .field("limiter", &self.limiter)
-            .field("engine", &self.engine)
-            .field("max_wait", &self.max_wait)
-            .field("default_penalty", &self.default_penalty)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -101,12 +94,8 @@ impl Middleware for PacingMiddleware {
         next: Next<'_>,
     ) -> Result<Response> {
         let host = HostKey::from_url(req.url()).map_err(|e| to_middleware(e, None))?;
-        let engine = extensions.get::<Engine>().unwrap_or(&self.engine).clone();
-        let budget = match (req.timeout().copied(), self.max_wait) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let deadline = budget.map(|b| Instant::now() + b);
+        let engine = self.options.engine(extensions).clone();
+        let deadline = self.options.deadline(req.timeout().copied());
         let permit = self
             .limiter
             .acquire_host(engine.as_str(), host.clone(), deadline)
@@ -114,7 +103,7 @@ impl Middleware for PacingMiddleware {
             .map_err(|e| to_middleware(e, Some(&host)))?;
         // A failed send drops the permit here: the request is over.
         let response = next.run(req, extensions).await?;
-        if let Some(hold) = penalty(response.status(), response.headers(), self.default_penalty) {
+        if let Some(hold) = self.options.penalty(response.status(), response.headers()) {
             tracing::info!(host = %host, status = %response.status(), hold_ms = hold.as_millis() as u64, "upstream asked to back off");
             // Failures are reported by the limiter's hooks; the response
             // itself is still good.

@@ -80,14 +80,6 @@ impl<P: Limiter> FallbackLimiter<P> {
     }
 }
 
-fn report_error(report: WaitReport<'_>, err: &Error) {
-    if matches!(err, Error::WaitBudget { .. }) {
-        report.finish(WaitOutcome::BudgetExceeded);
-    } else {
-        report.abandon();
-    }
-}
-
 impl<P: Limiter> Limiter for FallbackLimiter<P> {
     fn acquire_host<'a>(
         &'a self,
@@ -96,18 +88,12 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
-            let report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
-            let local = match self
+            let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
+            let local = self
                 .fallback
                 .acquire_host(engine, host.clone(), deadline)
                 .await
-            {
-                Ok(permit) => permit,
-                Err(err) => {
-                    report_error(report, &err);
-                    return Err(err);
-                }
-            };
+                .map_err(|e| report.fail(e))?;
             let shared = match self
                 .primary
                 .acquire_host(engine, host.clone(), deadline)
@@ -118,10 +104,7 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                     tracing::warn!(host = %host, error = %err, "pacing in-process: the shared limiter is unavailable");
                     None
                 }
-                Err(err) => {
-                    report_error(report, &err);
-                    return Err(err);
-                }
+                Err(err) => return Err(report.fail(err)),
             };
             let waited = report.finish(WaitOutcome::Acquired);
             Ok(Permit::new(host, waited, move || {

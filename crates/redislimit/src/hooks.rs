@@ -145,6 +145,18 @@ impl<'a> WaitReport<'a> {
         self.done = true;
     }
 
+    /// An inner limiter failed with `err`: a blown budget is this acquire's
+    /// decision too, anything else made none. Hands `err` back.
+    pub(crate) fn fail(&mut self, err: Error) -> Error {
+        if matches!(err, Error::WaitBudget { .. }) {
+            let waited = self.start.elapsed();
+            self.emit(WaitOutcome::BudgetExceeded, waited);
+        } else {
+            self.done = true;
+        }
+        err
+    }
+
     fn emit(&mut self, outcome: WaitOutcome, waited: Duration) {
         self.done = true;
         self.hooks.on_wait(self.engine, outcome, waited);

@@ -3,11 +3,13 @@
 //! and the per-request engine label.
 
 mod body;
+mod options;
 mod retry_after;
 
 use std::borrow::Cow;
 
 pub use self::body::PermitBody;
+pub use self::options::PaceOptions;
 pub use self::retry_after::{penalty, retry_after};
 
 /// A request extension naming the engine (the caller label in hooks and

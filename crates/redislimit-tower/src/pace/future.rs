@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
-use redislimit::http::{Engine, PermitBody, penalty};
+use redislimit::http::{Engine, PermitBody};
 use redislimit::{BoxFuture, Error, HostKey, Permit};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
@@ -131,11 +131,10 @@ where
                     // An error drops the permit with this future: the request is over.
                     let response = ready!(response.poll(cx)).map_err(Into::into)?;
                     let permit = permit.take().expect("polled after completion");
-                    let Some(hold) = penalty(
-                        response.status(),
-                        response.headers(),
-                        settings.default_penalty,
-                    ) else {
+                    let Some(hold) = settings
+                        .options
+                        .penalty(response.status(), response.headers())
+                    else {
                         return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, permit))));
                     };
                     tracing::info!(host = %host, status = %response.status(), hold_ms = hold.as_millis() as u64, "upstream asked to back off");

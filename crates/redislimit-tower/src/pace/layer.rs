@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redislimit::Limiter;
-use redislimit::http::Engine;
+use redislimit::http::PaceOptions;
 use tower::Layer;
 
 use super::Pace;
@@ -23,9 +23,7 @@ pub struct PaceLayer {
 
 pub(crate) struct Settings {
     pub(crate) limiter: Arc<dyn Limiter>,
-    pub(crate) engine: Engine,
-    pub(crate) max_wait: Option<Duration>,
-    pub(crate) default_penalty: Option<Duration>,
+    pub(crate) options: PaceOptions,
 }
 
 impl PaceLayer {
@@ -39,52 +37,40 @@ impl PaceLayer {
         Self {
             settings: Arc::new(Settings {
                 limiter,
-                engine: Engine::new("default"),
-                max_wait: None,
-                default_penalty: None,
+                options: PaceOptions::default(),
             }),
         }
     }
 
-    fn with(mut self, change: impl FnOnce(&mut Settings)) -> Self {
-        let s = &self.settings;
-        let mut settings = Settings {
-            limiter: Arc::clone(&s.limiter),
-            engine: s.engine.clone(),
-            max_wait: s.max_wait,
-            default_penalty: s.default_penalty,
-        };
-        change(&mut settings);
-        self.settings = Arc::new(settings);
+    fn with(mut self, change: impl FnOnce(PaceOptions) -> PaceOptions) -> Self {
+        let options = change(self.settings.options.clone());
+        let limiter = Arc::clone(&self.settings.limiter);
+        self.settings = Arc::new(Settings { limiter, options });
         self
     }
 
-    /// The engine label for requests that carry no [`Engine`] extension.
+    /// The engine label for requests that carry no [`Engine`](redislimit::http::Engine) extension.
     pub fn with_engine(self, engine: impl Into<Cow<'static, str>>) -> Self {
-        let engine = Engine::new(engine);
-        self.with(|s| s.engine = engine)
+        self.with(|o| o.with_engine(engine))
     }
 
     /// The longest a request may wait for its turn; a longer wait fails at
     /// once with [`redislimit::Error::WaitBudget`].
     pub fn with_max_wait(self, max_wait: Duration) -> Self {
-        self.with(|s| s.max_wait = Some(max_wait))
+        self.with(|o| o.with_max_wait(max_wait))
     }
 
     /// The penalty for a `429` or `503` that carries no usable `Retry-After`.
     pub fn with_default_penalty(self, penalty: Duration) -> Self {
-        self.with(|s| s.default_penalty = Some(penalty))
+        self.with(|o| o.with_default_penalty(penalty))
     }
 }
 
 impl fmt::Debug for PaceLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.settings;
         f.debug_struct("PaceLayer")
-            .field("limiter", &s.limiter)
-            .field("engine", &s.engine)
-            .field("max_wait", &s.max_wait)
-            .field("default_penalty", &s.default_penalty)
+            .field("limiter", &self.settings.limiter)
+            .field("options", &self.settings.options)
             .finish()
     }
 }

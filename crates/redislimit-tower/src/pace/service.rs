@@ -6,8 +6,7 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use redislimit::HostKey;
-use redislimit::http::{Engine, PermitBody};
-use tokio::time::Instant;
+use redislimit::http::PermitBody;
 use tower::{BoxError, Service};
 
 use super::future::ResponseFuture;
@@ -72,12 +71,10 @@ where
             Err(err) => return ResponseFuture::failed(err),
         };
         let settings = Arc::clone(&self.settings);
-        let engine = request
-            .extensions()
-            .get::<Engine>()
-            .unwrap_or(&settings.engine)
-            .clone();
-        let deadline = settings.max_wait.map(|w| Instant::now() + w);
+        let engine = settings.options.engine(request.extensions()).clone();
+        // Tower requests carry no timeout of their own; the layer's maximum
+        // wait is the budget.
+        let deadline = settings.options.deadline(None);
         ResponseFuture::new(settings, inner, request, host, engine, deadline)
     }
 }

@@ -425,40 +425,20 @@ impl Shared {
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
         let start = Instant::now();
-        let report = WaitReport::new(hooks, engine, &host, start);
-        let local = match self
+        let mut report = WaitReport::new(hooks, engine, &host, start);
+        let local = self
             .local
             .acquire_host(engine, host.clone(), deadline)
             .await
-        {
-            Ok(permit) => permit,
-            Err(err) => {
-                if matches!(err, Error::WaitBudget { .. }) {
-                    report.finish(WaitOutcome::BudgetExceeded);
-                } else {
-                    report.abandon();
-                }
-                return Err(err);
-            }
-        };
+            .map_err(|e| report.fail(e))?;
         // One waiter per host and process asks Redis at a time; the rest
         // queue here, in order. Fewer callers race at each opening, and a
         // crowd of waiters costs Redis one caller per process.
-        let polling = match self
+        let polling = self
             .pollers
             .acquire_host(engine, host.clone(), deadline)
             .await
-        {
-            Ok(permit) => permit,
-            Err(err) => {
-                if matches!(err, Error::WaitBudget { .. }) {
-                    report.finish(WaitOutcome::BudgetExceeded);
-                } else {
-                    report.abandon();
-                }
-                return Err(err);
-            }
-        };
+            .map_err(|e| report.fail(e))?;
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
         let token = new_token();
         let runtime = Handle::current();

@@ -46,6 +46,21 @@ impl Default for RedisTimeouts {
     }
 }
 
+impl RedisTimeouts {
+    /// Sets these timeouts and size on a deadpool pool builder.
+    fn apply<M: managed::Manager, W: From<managed::Object<M>>>(
+        &self,
+        builder: managed::PoolBuilder<M, W>,
+    ) -> managed::PoolBuilder<M, W> {
+        builder
+            .max_size(self.max_connections)
+            .wait_timeout(Some(self.pool_wait))
+            .create_timeout(Some(self.connect))
+            .recycle_timeout(Some(self.response))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+    }
+}
+
 /// A pool of connections to one Redis deployment.
 ///
 /// The limiter only runs scripts on it and does not care which deployment
@@ -117,12 +132,8 @@ impl RedisPool {
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response));
         let manager = deadpool_redis::Manager::new_with_config(url, connection).map_err(invalid)?;
-        let pool = deadpool_redis::Pool::builder(manager)
-            .max_size(timeouts.max_connections)
-            .wait_timeout(Some(timeouts.pool_wait))
-            .create_timeout(Some(timeouts.connect))
-            .recycle_timeout(Some(timeouts.response))
-            .runtime(deadpool_redis::Runtime::Tokio1)
+        let pool = timeouts
+            .apply(deadpool_redis::Pool::builder(manager))
             .build()
             .map_err(invalid)?;
         Ok(Self::Standalone(pool))
@@ -143,12 +154,8 @@ impl RedisPool {
             deadpool_redis::sentinel::SentinelServerType::Master,
         )
         .map_err(invalid)?;
-        let pool = deadpool_redis::sentinel::Pool::builder(manager)
-            .max_size(timeouts.max_connections)
-            .wait_timeout(Some(timeouts.pool_wait))
-            .create_timeout(Some(timeouts.connect))
-            .recycle_timeout(Some(timeouts.response))
-            .runtime(deadpool_redis::Runtime::Tokio1)
+        let pool = timeouts
+            .apply(deadpool_redis::sentinel::Pool::builder(manager))
             .build()
             .map_err(invalid)?;
         Ok(Self::Sentinel(pool))
@@ -162,12 +169,8 @@ impl RedisPool {
             .retries(2)
             .build()
             .map_err(invalid)?;
-        let pool = ClusterPool::builder(ClusterManager::new(client))
-            .max_size(timeouts.max_connections)
-            .wait_timeout(Some(timeouts.pool_wait))
-            .create_timeout(Some(timeouts.connect))
-            .recycle_timeout(Some(timeouts.response))
-            .runtime(deadpool_redis::Runtime::Tokio1)
+        let pool = timeouts
+            .apply(ClusterPool::builder(ClusterManager::new(client)))
             .build()
             .map_err(invalid)?;
         Ok(Self::Cluster(pool))

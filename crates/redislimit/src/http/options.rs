@@ -1,0 +1,116 @@
+//! `PaceOptions`: what an HTTP middleware decides per request besides the
+//! limiter itself, shared by the reqwest and tower integrations.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use http::{Extensions, HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use super::{Engine, penalty};
+
+/// The per-request choices of a pacing middleware: which engine label a
+/// request waits under, how long it may wait, and what a `429`/`503`
+/// without a usable `Retry-After` costs its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaceOptions {
+    engine: Engine,
+    max_wait: Option<Duration>,
+    default_penalty: Option<Duration>,
+}
+
+impl Default for PaceOptions {
+    /// Engine `default`, no maximum wait, no default penalty.
+    fn default() -> Self {
+        Self {
+            engine: Engine::new("default"),
+            max_wait: None,
+            default_penalty: None,
+        }
+    }
+}
+
+impl PaceOptions {
+    /// The engine label for requests that carry no [`Engine`] extension.
+    pub fn with_engine(mut self, engine: impl Into<Cow<'static, str>>) -> Self {
+        self.engine = Engine::new(engine);
+        self
+    }
+
+    /// The longest any request may wait for its turn.
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The penalty for a `429` or `503` without a usable `Retry-After`.
+    pub fn with_default_penalty(mut self, penalty: Duration) -> Self {
+        self.default_penalty = Some(penalty);
+        self
+    }
+
+    /// The engine a request waits under: its own [`Engine`] extension, or
+    /// the default.
+    pub fn engine<'a>(&'a self, extensions: &'a Extensions) -> &'a Engine {
+        extensions.get::<Engine>().unwrap_or(&self.engine)
+    }
+
+    /// The instant a request's wait must end by: the shorter of its own
+    /// timeout (when the client exposes one) and the maximum wait.
+    pub fn deadline(&self, request_timeout: Option<Duration>) -> Option<Instant> {
+        let budget = match (request_timeout, self.max_wait) {
+            (Some(own), Some(max)) => Some(own.min(max)),
+            (own, max) => own.or(max),
+        };
+        budget.map(|b| Instant::now() + b)
+    }
+
+    /// How long a response asks its host to be left alone: see
+    /// [`penalty`](super::penalty), with this default.
+    pub fn penalty(&self, status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
+        penalty(status, headers, self.default_penalty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_is_the_shorter_of_the_request_timeout_and_the_maximum_wait() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        let none = PaceOptions::default();
+        assert_eq!(none.deadline(None), None);
+        assert_eq!(none.deadline(Some(s(3))), Some(now + s(3)));
+        let capped = PaceOptions::default().with_max_wait(s(2));
+        assert_eq!(capped.deadline(None), Some(now + s(2)));
+        assert_eq!(capped.deadline(Some(s(3))), Some(now + s(2)));
+        assert_eq!(capped.deadline(Some(s(1))), Some(now + s(1)));
+    }
+
+    #[test]
+    fn a_request_can_name_its_own_engine() {
+        let options = PaceOptions::default().with_engine("crawler");
+        let mut extensions = Extensions::new();
+        assert_eq!(options.engine(&extensions).as_str(), "crawler");
+        extensions.insert(Engine::new("search"));
+        assert_eq!(options.engine(&extensions).as_str(), "search");
+    }
+
+    #[test]
+    fn the_default_penalty_applies_only_without_retry_after() {
+        let options = PaceOptions::default().with_default_penalty(Duration::from_secs(5));
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            options.penalty(StatusCode::TOO_MANY_REQUESTS, &headers),
+            Some(Duration::from_secs(5))
+        );
+        headers.insert(http::header::RETRY_AFTER, "2".parse().unwrap());
+        assert_eq!(
+            options.penalty(StatusCode::TOO_MANY_REQUESTS, &headers),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(options.penalty(StatusCode::OK, &headers), None);
+    }
+}
