@@ -114,16 +114,12 @@ async fn replicas_share_a_lease_cap_through_a_cluster() {
     lease_across(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_a_quota_through_redis() {
-    let server = RedisServer::start();
+async fn quota_across(redis: &[&str]) {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let list = urls(&upstream, &["a.test"], 12, "/");
     let window = 400 * MS;
-    let args = [
-        "--redis",
-        &server.url(),
+    let mut args = vec![
         "--min-delay",
         "0ms",
         "--quota",
@@ -135,6 +131,7 @@ async fn replicas_share_a_quota_through_redis() {
         "--max-concurrent",
         "8",
     ];
+    args.extend_from_slice(redis);
     let replicas = deal(&list, 3)
         .iter()
         .enumerate()
@@ -148,4 +145,17 @@ async fn replicas_share_a_quota_through_redis() {
         most <= 3,
         "{most} requests inside one 400 ms window, the quota is 3"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_quota_through_redis() {
+    let server = RedisServer::start();
+    quota_across(&["--redis", &server.url()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_quota_through_a_cluster() {
+    let cluster = RedisCluster::start();
+    let args = cluster_args(&cluster);
+    quota_across(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
 }

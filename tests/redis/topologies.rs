@@ -134,3 +134,66 @@ async fn sentinel_paces_and_survives_a_failover() {
             .unwrap(),
     );
 }
+
+/// Invariants 3-5 on the Cluster: the quota window, a penalty seen by
+/// every replica, and a dropped acquire that books nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_keeps_quota_penalty_and_cancellation() {
+    use redislimit_tests::record::max_in_window;
+
+    let cluster = RedisCluster::start();
+    let window = 300 * MS;
+    let replicas: Vec<Arc<dyn Limiter>> = (0..3)
+        .map(|_| {
+            Arc::new(limiter(
+                cluster_pool(&cluster),
+                |p| p.max_concurrent(8).quota(3).window(window),
+                |b| b.cluster_concurrency(8),
+            )) as Arc<dyn Limiter>
+        })
+        .collect();
+    let rec = drive_all(&replicas, &HOSTS[..2], 2, 4, 2 * MS).await;
+    for name in &HOSTS[..2] {
+        let reqs = rec.host(name);
+        assert_eq!(reqs.len(), 12);
+        assert!(
+            max_in_window(&reqs, window - SLACK) <= 3,
+            "{name}: quota broken on the Cluster"
+        );
+    }
+
+    // A penalty from one replica holds the host for the others.
+    let before = std::time::Instant::now();
+    replicas[0]
+        .penalize_host(host("c.test"), 500 * MS)
+        .await
+        .unwrap();
+    drop(
+        bounded(10, replicas[1].acquire_host("t", host("c.test"), None))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        before.elapsed() >= 500 * MS,
+        "admitted {:?} into a 500 ms penalty",
+        before.elapsed()
+    );
+
+    // Dropped acquires, some mid-call: nothing stays booked.
+    let serialized = limiter(
+        cluster_pool(&cluster),
+        |p| p,
+        |b| b.lease_ttl(Duration::from_secs(30)),
+    );
+    for _ in 0..20 {
+        let _ = tokio::time::timeout(
+            Duration::ZERO,
+            serialized.acquire_host("t", host("d.test"), None),
+        )
+        .await;
+    }
+    tokio::time::sleep(100 * MS).await;
+    let soon = Some(tokio::time::Instant::now() + 500 * MS);
+    let p = serialized.acquire_host("t", host("d.test"), soon).await;
+    assert!(p.is_ok(), "a dropped acquire left d.test booked: {p:?}");
+}
