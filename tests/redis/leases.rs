@@ -93,10 +93,11 @@ async fn serialized_mode_after_a_crash_waits_for_the_lease_and_then_min_delay() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_permit_held_for_three_lease_ttls_keeps_its_slot() {
+async fn a_permit_held_past_the_keys_ttl_keeps_its_slot_by_renewing() {
     let server = RedisServer::start();
     let ttl = 300 * MS;
     for cap in [0, 1] {
+        let errors = Arc::new(Errors::default());
         let make = || {
             Arc::new(limiter(
                 standalone(&server.url()),
@@ -106,6 +107,7 @@ async fn a_permit_held_for_three_lease_ttls_keeps_its_slot() {
                         .lease_ttl(ttl)
                         .concurrency_retry(10 * MS)
                         .prefix(format!("cap{cap}"))
+                        .hooks(errors.clone())
                 },
             ))
         };
@@ -123,15 +125,32 @@ async fn a_permit_held_for_three_lease_ttls_keeps_its_slot() {
                 drop(p);
             })
         };
-        tokio::time::sleep(3 * ttl).await;
+        // Longer than the keys' own TTL (lease_ttl + 1 s): only renewals
+        // keep the slot.
+        tokio::time::sleep(8 * ttl).await;
         assert!(
             !other.is_finished(),
             "cap {cap}: the long request's slot was taken"
+        );
+        assert!(
+            errors.0.lock().unwrap().is_empty(),
+            "cap {cap}: {:?}",
+            errors.0.lock().unwrap()
         );
         rec.record("a.test", 0, send, Instant::now());
         drop(long);
         bounded(10, other).await.unwrap();
         assert_serialized(&rec.host("a.test"), Duration::ZERO);
+    }
+}
+
+/// Records every error a limiter reports.
+#[derive(Debug, Default)]
+struct Errors(std::sync::Mutex<Vec<String>>);
+
+impl redislimit::Hooks for Errors {
+    fn on_error(&self, op: redislimit::Op, error: &redislimit::Error) {
+        self.0.lock().unwrap().push(format!("{op}: {error:?}"));
     }
 }
 

@@ -571,7 +571,8 @@ impl Shared {
                 .run::<i64>(&self.redis, &keys.all()[..2], |cmd: &mut Cmd| {
                     cmd.arg(&*token)
                         .arg(self.cluster_concurrency)
-                        .arg(self.lease_ttl_us);
+                        .arg(self.lease_ttl_us)
+                        .arg(self.min_delay_us);
                 })
                 .await;
             match renewed {
