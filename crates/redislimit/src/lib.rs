@@ -71,7 +71,7 @@ pub use self::{
     key::HostKey,
     limiter::{BoxFuture, Limiter, Permit},
     local::DomainLimiter,
-    pacing::{MAX_MICROS, Pacing, PacingBuilder, micros},
+    pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
 };
 #[cfg(feature = "redis")]
 pub use deadpool_redis;

@@ -9,6 +9,24 @@ use crate::ConfigError;
 /// so anything above it is refused rather than enforced approximately.
 pub const MAX_MICROS: u64 = (1 << 53) - 1;
 
+/// What [`min_delay`](PacingBuilder::min_delay) is counted from.
+///
+/// This is for in-process limiters; a Redis-backed limiter's mode decides
+/// it across replicas (serialized: sends and completions; lease: sends),
+/// and [`RedisLimiter::fallback_pacing`](crate::RedisLimiter::fallback_pacing)
+/// matches its mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Spacing {
+    /// From the previous send and from the latest completion: the polite
+    /// default, and what serialized mode does across replicas.
+    #[default]
+    SendsAndCompletions,
+    /// From the previous send only: what lease mode does across replicas,
+    /// where up to `cluster_concurrency` requests run at once.
+    Sends,
+}
+
 /// How requests to one host are paced.
 ///
 /// Every control applies per host; a limiter keeps one state per host key
@@ -18,6 +36,7 @@ pub const MAX_MICROS: u64 = (1 << 53) - 1;
 /// |---|---|---|
 /// | [`max_concurrent`](PacingBuilder::max_concurrent) | requests in flight per host in this process (at least 1) | 1 |
 /// | [`min_delay`](PacingBuilder::min_delay) | gap before the next send: after the previous send and after the latest completion | 0 (off) |
+/// | [`spacing`](PacingBuilder::spacing) | whether `min_delay` also counts from completions | sends and completions |
 /// | [`quota`](PacingBuilder::quota) / [`window`](PacingBuilder::window) | at most `quota` admissions in any sliding `window` | 0 (off) |
 /// | [`jitter`](PacingBuilder::jitter) | a random extra of up to this much on every nonzero wait | 0 |
 /// | [`max_penalty`](PacingBuilder::max_penalty) | cap on a single penalty (`Retry-After`) | 10 minutes |
@@ -47,6 +66,7 @@ pub const MAX_MICROS: u64 = (1 << 53) - 1;
 pub struct Pacing {
     max_concurrent: u32,
     min_delay: Duration,
+    spacing: Spacing,
     quota: u32,
     window: Duration,
     jitter: Duration,
@@ -63,6 +83,7 @@ impl Pacing {
             pacing: Self {
                 max_concurrent: 1,
                 min_delay: Duration::ZERO,
+                spacing: Spacing::SendsAndCompletions,
                 quota: 0,
                 window: Duration::ZERO,
                 jitter: Duration::ZERO,
@@ -79,6 +100,11 @@ impl Pacing {
     /// Minimum gap before the next send to a host.
     pub fn min_delay(&self) -> Duration {
         self.min_delay
+    }
+
+    /// What `min_delay` is counted from.
+    pub fn spacing(&self) -> Spacing {
+        self.spacing
     }
 
     /// Admissions allowed per host in any sliding [`window`](Self::window);
@@ -112,6 +138,12 @@ impl Pacing {
         // `jitter` is at most MAX_MICROS microseconds, validated at build.
         let extra = fastrand::u64(0..=self.jitter.as_micros() as u64);
         wait.saturating_add(Duration::from_micros(extra))
+    }
+
+    /// The same pacing with `min_delay` counted from `spacing`.
+    pub(crate) fn with_spacing(mut self, spacing: Spacing) -> Self {
+        self.spacing = spacing;
+        self
     }
 
     /// The same pacing with another per-process concurrency (at least 1).
@@ -195,6 +227,12 @@ impl PacingBuilder {
     /// send and from the latest completion; zero turns it off.
     pub fn min_delay(mut self, d: Duration) -> Self {
         self.pacing.min_delay = d;
+        self
+    }
+
+    /// What `min_delay` is counted from (default: sends and completions).
+    pub fn spacing(mut self, spacing: Spacing) -> Self {
+        self.pacing.spacing = spacing;
         self
     }
 

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use redislimit::{ConfigError, MAX_MICROS, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit::{
+    ConfigError, MAX_MICROS, Pacing, RedisLimiter, RedisPool, RedisTimeouts, Spacing,
+};
 
 fn pool() -> RedisPool {
     RedisPool::standalone("redis://127.0.0.1:1/", RedisTimeouts::default()).unwrap()
@@ -119,6 +121,10 @@ fn the_fallback_gets_the_limiters_pacing() {
         .build()
         .unwrap();
     assert_eq!(serialized.fallback_pacing().max_concurrent(), 1);
+    assert_eq!(
+        serialized.fallback_pacing().spacing(),
+        Spacing::SendsAndCompletions
+    );
     assert_eq!(serialized.fallback_pacing().min_delay(), pacing.min_delay());
     let lease = RedisLimiter::builder(pool(), "domain")
         .pacing(pacing)
@@ -126,6 +132,9 @@ fn the_fallback_gets_the_limiters_pacing() {
         .build()
         .unwrap();
     assert_eq!(lease.fallback_pacing().max_concurrent(), 3);
+    // Lease mode spaces sends only; a fallback that also waited after each
+    // completion would slow every request while Redis is healthy.
+    assert_eq!(lease.fallback_pacing().spacing(), Spacing::Sends);
 }
 
 #[test]

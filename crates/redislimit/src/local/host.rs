@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::Pacing;
 use crate::pacing::after;
+use crate::{Pacing, Spacing};
 
 /// What the head of a host's queue may do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,10 +99,13 @@ impl HostState {
         }
     }
 
-    /// Records a completion at `now`: the next send waits `min_delay` from it.
+    /// Records a completion at `now`: unless the pacing spaces sends only,
+    /// the next send waits `min_delay` from it.
     pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
+        if pacing.spacing() == Spacing::SendsAndCompletions {
+            self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
+        }
     }
 
     /// Holds the host back until at least `now + hold`; never shortens a
@@ -163,6 +166,20 @@ mod tests {
             Decision::WaitUntil(t0 + 150 * MS)
         );
         assert_eq!(s.decide(t0 + 150 * MS, &p), Decision::Admit);
+    }
+
+    #[test]
+    fn spacing_from_sends_only_ignores_completions() {
+        let t0 = Instant::now();
+        let p = pacing(2, 100, 0, 0).with_spacing(Spacing::Sends);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p);
+        s.complete(t0 + 90 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 90 * MS, &p),
+            Decision::WaitUntil(t0 + 100 * MS)
+        );
+        assert_eq!(s.decide(t0 + 100 * MS, &p), Decision::Admit);
     }
 
     #[test]

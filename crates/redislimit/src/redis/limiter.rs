@@ -17,7 +17,7 @@ use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
 use crate::{
     BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey, Limiter,
-    NoHooks, Op, Pacing, Permit, WaitOutcome,
+    NoHooks, Op, Pacing, Permit, Spacing, WaitOutcome,
 };
 
 /// Paces requests per host with the state held in Redis, so every replica
@@ -312,11 +312,20 @@ impl RedisLimiter {
     }
 
     /// The pacing an in-process fallback should apply while Redis is away:
-    /// this limiter's pacing, with at most one request in flight per host in
-    /// serialized mode and `cluster_concurrency` in lease mode.
+    /// this limiter's pacing, with at most one request in flight per host and
+    /// `min_delay` after sends and completions in serialized mode, and
+    /// `cluster_concurrency` in flight with `min_delay` between sends in
+    /// lease mode.
     pub fn fallback_pacing(&self) -> Pacing {
-        let cap = self.shared.cluster_concurrency.max(1);
-        self.shared.pacing.clone().with_max_concurrent(cap)
+        let cap = self.shared.cluster_concurrency;
+        let pacing = self.shared.pacing.clone().with_max_concurrent(cap.max(1));
+        if cap == 0 {
+            pacing.with_spacing(Spacing::SendsAndCompletions)
+        } else {
+            // Lease mode spaces sends only; so must its fallback, or it
+            // would slow every request down while Redis is healthy.
+            pacing.with_spacing(Spacing::Sends)
+        }
     }
 
     /// Checks that Redis answers a `PING`, within the pool's timeouts: a way
