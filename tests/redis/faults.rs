@@ -172,8 +172,9 @@ async fn hooks_count_each_decision_once_while_falling_back_and_report_failed_rel
         Some(Op::Release)
     );
 
-    // While down, every acquire is decided once (by the fallback), and each
-    // primary failure is reported once as an acquire error.
+    // While down, every acquire is decided once (by the fallback); the
+    // failure that trips the circuit is reported, and Redis is then skipped
+    // for a second rather than failing (and being reported) per request.
     hooks.waits.lock().unwrap().clear();
     hooks.errors.lock().unwrap().clear();
     for _ in 0..5 {
@@ -187,7 +188,7 @@ async fn hooks_count_each_decision_once_while_falling_back_and_report_failed_rel
     let errors = hooks.errors.lock().unwrap().clone();
     assert_eq!(
         errors.iter().filter(|e| e.0 == Op::Acquire).count(),
-        5,
+        1,
         "{errors:?}"
     );
 }
@@ -271,4 +272,46 @@ async fn requests_admitted_through_redis_still_count_when_redis_is_lost() {
         released.elapsed() >= Duration::from_secs(1),
         "min_delay after the completion was not kept"
     );
+}
+
+/// Regression: with Redis frozen, waiters for one host queued behind each
+/// other's timeouts (the k-th paid k of them). A Redis that failed to answer
+/// is now skipped for a second, so it costs one timeout, not one per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_one_timeout_not_one_per_request() {
+    use redislimit::{Op, WaitOutcome};
+
+    let server = RedisServer::start();
+    let hooks = Arc::new(Counted::default());
+    let l = Arc::new(
+        limiter(
+            standalone(&server.url()),
+            |p| p.max_concurrent(4),
+            |b| b.cluster_concurrency(4).hooks(hooks.clone()),
+        )
+        .with_fallback(),
+    );
+    drop(l.acquire_host("t", host("warm.test"), None).await.unwrap());
+    hooks.waits.lock().unwrap().clear();
+    server.pause();
+    let acquires: Vec<_> = (0..4)
+        .map(|_| {
+            let l = Arc::clone(&l);
+            tokio::spawn(async move { l.acquire_host("t", host("a.test"), None).await.map(drop) })
+        })
+        .collect();
+    for a in acquires {
+        bounded(10, a)
+            .await
+            .unwrap()
+            .expect("the fallback should have admitted it");
+    }
+    server.resume();
+    let errors = hooks.errors.lock().unwrap().clone();
+    assert_eq!(
+        errors.iter().filter(|e| e.0 == Op::Acquire).count(),
+        1,
+        "{errors:?}"
+    );
+    assert_eq!(*hooks.waits.lock().unwrap(), [WaitOutcome::Acquired; 4]);
 }

@@ -80,6 +80,18 @@ impl<P: Limiter> FallbackLimiter<P> {
     }
 }
 
+/// An in-process admission awaiting the primary's decision; abandoned
+/// (taken back) unless taken out.
+struct Provisional(Option<Permit>);
+
+impl Drop for Provisional {
+    fn drop(&mut self) {
+        if let Some(permit) = self.0.take() {
+            permit.abandon();
+        }
+    }
+}
+
 impl<P: Limiter> Limiter for FallbackLimiter<P> {
     fn acquire_host<'a>(
         &'a self,
@@ -89,11 +101,14 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
     ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
             let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
-            let local = self
-                .fallback
-                .acquire_host(engine, host.clone(), deadline)
-                .await
-                .map_err(|e| report.fail(e))?;
+            // Until the primary has decided, this admission is provisional:
+            // a refusal or a dropped future takes it back.
+            let mut local = Provisional(Some(
+                self.fallback
+                    .acquire_host(engine, host.clone(), deadline)
+                    .await
+                    .map_err(|e| report.fail(e))?,
+            ));
             let shared = match self
                 .primary
                 .acquire_host(engine, host.clone(), deadline)
@@ -101,11 +116,19 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
             {
                 Ok(permit) => Some(permit),
                 Err(err) if err.is_unavailable() => {
+                    // The primary may have taken the budget to fail.
+                    let now = Instant::now();
+                    if let Some(deadline) = deadline
+                        && now >= deadline
+                    {
+                        return Err(report.over_budget(now, deadline, now));
+                    }
                     tracing::warn!(host = %host, error = %err, "pacing in-process: the shared limiter is unavailable");
                     None
                 }
                 Err(err) => return Err(report.fail(err)),
             };
+            let local = local.0.take();
             let waited = report.finish(WaitOutcome::Acquired);
             Ok(Permit::new(host, waited, move || {
                 drop(shared);

@@ -120,6 +120,7 @@ pub struct Permit {
     host: HostKey,
     waited: Duration,
     release: Option<ReleaseFn>,
+    abandon: Option<ReleaseFn>,
 }
 
 impl Permit {
@@ -134,7 +135,15 @@ impl Permit {
             host,
             waited,
             release: Some(Box::new(release)),
+            abandon: None,
         }
+    }
+
+    /// What [`abandon`](Self::abandon) runs instead of the release: taking
+    /// the admission back. For implementors of [`Limiter`].
+    pub fn on_abandon(mut self, abandon: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.abandon = Some(Box::new(abandon));
+        self
     }
 
     /// The host this permit admits a request to.
@@ -150,6 +159,16 @@ impl Permit {
     /// Releases the permit now; the same as dropping it.
     pub fn release(self) {
         drop(self);
+    }
+
+    /// Gives the permit back without having sent the request: where the
+    /// limiter can, the admission is taken back (it counts neither in the
+    /// quota nor as a completion); otherwise this is a release.
+    pub fn abandon(mut self) {
+        if let Some(abandon) = self.abandon.take() {
+            self.release = None;
+            abandon();
+        }
     }
 }
 
@@ -198,6 +217,31 @@ mod tests {
         let (permit, count) = counting_permit();
         permit.release();
         assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn abandon_runs_instead_of_release_and_falls_back_to_it() {
+        let (permit, released) = counting_permit();
+        let undone = Arc::new(AtomicUsize::new(0));
+        let u = Arc::clone(&undone);
+        let permit = permit.on_abandon(move || {
+            u.fetch_add(1, Ordering::SeqCst);
+        });
+        permit.abandon();
+        assert_eq!(
+            (
+                released.load(Ordering::SeqCst),
+                undone.load(Ordering::SeqCst)
+            ),
+            (0, 1)
+        );
+        let (plain, released) = counting_permit();
+        plain.abandon();
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            1,
+            "without an undo, abandon releases"
+        );
     }
 
     #[test]

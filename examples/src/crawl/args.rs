@@ -73,6 +73,11 @@ pub struct Args {
     /// spent waiting for the host's turn is not counted).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub timeout: Duration,
+    /// The longest a request may wait for its host's turn; a longer wait
+    /// ends it with an error (reported) instead of holding a slot of
+    /// `--concurrency` meanwhile. Unbounded by default.
+    #[arg(long, value_parser = parse_duration)]
+    pub max_wait: Option<Duration>,
     /// Write one JSON object per request to FILE.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
@@ -167,6 +172,7 @@ impl Args {
         }
         let started = std::time::Instant::now();
         let fetched = crawler.run(input.urls, true).await?;
+        crawler.check_report()?;
         let elapsed = started.elapsed();
         println!(
             "{:<28} {:>8} {:>10} {:>12} {:>10}  statuses",

@@ -69,6 +69,8 @@ pub struct Crawler {
     client: ClientWithMiddleware,
     concurrency: usize,
     report: Option<Arc<Mutex<LineWriter<File>>>>,
+    /// Set when a report line could not be written.
+    report_failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn epoch_ms(at: SystemTime) -> u64 {
@@ -95,14 +97,16 @@ impl Crawler {
             .default_headers(headers)
             .build()
             .context("cannot build the HTTP client")?;
-        let client = ClientBuilder::new(http)
-            .with(PacingMiddleware::from_arc(limiter).with_engine(args.engine.clone()))
-            .with(Stamp)
-            .build();
+        let mut pacing = PacingMiddleware::from_arc(limiter).with_engine(args.engine.clone());
+        if let Some(max_wait) = args.max_wait {
+            pacing = pacing.with_max_wait(max_wait);
+        }
+        let client = ClientBuilder::new(http).with(pacing).with(Stamp).build();
         Ok(Self {
             client,
             concurrency: args.concurrency.max(1),
             report: None,
+            report_failed: Arc::default(),
         })
     }
 
@@ -146,6 +150,18 @@ impl Crawler {
         Ok(done)
     }
 
+    /// An error when any report line could not be written: a crawl whose
+    /// report is incomplete must not look like a success.
+    pub fn check_report(&self) -> anyhow::Result<()> {
+        if self
+            .report_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            anyhow::bail!("the report is incomplete: some lines could not be written");
+        }
+        Ok(())
+    }
+
     fn finish(&self, fetched: Fetched, bar: &ProgressBar) -> Fetched {
         if let Some(report) = &self.report
             && let Ok(line) = serde_json::to_string(&fetched)
@@ -155,6 +171,8 @@ impl Crawler {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Err(err) = writeln!(report, "{line}") {
                 eprintln!("crawl: cannot write the report: {err}");
+                self.report_failed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
         bar.set_message(fetched.host.clone());

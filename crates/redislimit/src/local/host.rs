@@ -34,6 +34,16 @@ pub(crate) struct HostState {
     /// Admission instants still inside the quota window, oldest first; at
     /// most `quota` of them (older ones can no longer matter).
     admissions: VecDeque<Instant>,
+    /// Counts changes, so an undo knows whether its admission was the last.
+    epoch: u64,
+}
+
+/// What an admission changed, so that it can be taken back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admission {
+    at: Instant,
+    ready_before: Instant,
+    epoch: u64,
 }
 
 impl HostState {
@@ -42,6 +52,7 @@ impl HostState {
             in_flight: 0,
             ready_at: now,
             admissions: VecDeque::new(),
+            epoch: 0,
         }
     }
 
@@ -87,21 +98,47 @@ impl HostState {
     }
 
     /// Records an admission at `now`.
-    pub(crate) fn admit(&mut self, now: Instant, pacing: &Pacing) {
+    pub(crate) fn admit(&mut self, now: Instant, pacing: &Pacing) -> Admission {
+        let admission = Admission {
+            at: now,
+            ready_before: self.ready_at,
+            epoch: self.epoch.wrapping_add(1),
+        };
+        self.epoch = admission.epoch;
         self.in_flight += 1;
         self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
-        let quota = pacing.quota() as usize;
-        if quota > 0 {
-            if self.admissions.len() >= quota {
+        if pacing.quota() > 0 {
+            // Admissions that left the window can no longer matter; what is
+            // left is at most `quota` (this one is admitted only when fewer
+            // than `quota` were inside the window).
+            while let Some(&oldest) = self.admissions.front()
+                && after(oldest, pacing.window()) <= now
+            {
                 self.admissions.pop_front();
             }
             self.admissions.push_back(now);
         }
+        admission
+    }
+
+    /// Takes back an admission whose request was never sent: it no longer
+    /// counts in flight or in the quota, and the gap it opened closes again
+    /// unless something happened on this host since.
+    pub(crate) fn undo(&mut self, admission: &Admission) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(i) = self.admissions.iter().rposition(|&t| t == admission.at) {
+            self.admissions.remove(i);
+        }
+        if self.epoch == admission.epoch {
+            self.ready_at = admission.ready_before;
+        }
+        self.epoch = self.epoch.wrapping_add(1);
     }
 
     /// Records a completion at `now`: unless the pacing spaces sends only,
     /// the next send waits `min_delay` from it.
     pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing) {
+        self.epoch = self.epoch.wrapping_add(1);
         self.in_flight = self.in_flight.saturating_sub(1);
         if pacing.spacing() == Spacing::SendsAndCompletions {
             self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
@@ -111,6 +148,7 @@ impl HostState {
     /// Holds the host back until at least `now + hold`; never shortens a
     /// hold already in place.
     pub(crate) fn penalize(&mut self, now: Instant, hold: Duration) {
+        self.epoch = self.epoch.wrapping_add(1);
         self.ready_at = self.ready_at.max(after(now, hold));
     }
 
@@ -166,6 +204,26 @@ mod tests {
             Decision::WaitUntil(t0 + 150 * MS)
         );
         assert_eq!(s.decide(t0 + 150 * MS, &p), Decision::Admit);
+    }
+
+    #[test]
+    fn an_undone_admission_leaves_no_trace_unless_something_followed() {
+        let t0 = Instant::now();
+        let p = pacing(2, 100, 1, 1000);
+        let mut s = HostState::new(t0);
+        let a = s.admit(t0, &p);
+        s.undo(&a);
+        assert_eq!(
+            s.decide(t0, &p),
+            Decision::Admit,
+            "quota and gap are free again"
+        );
+        assert_eq!(s.idle_at(&p), Some(t0));
+        // Something happened since: the gap it opened stays (conservative).
+        let a = s.admit(t0, &p);
+        s.penalize(t0, 10 * MS);
+        s.undo(&a);
+        assert_eq!(s.decide(t0, &p), Decision::WaitUntil(t0 + 100 * MS));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::host::{Decision, HostState};
+use super::host::{Admission, Decision, HostState};
 use super::sweep::{Sweep, SweepSignal};
 use crate::hooks::WaitReport;
 use crate::pacing::after;
@@ -169,7 +169,7 @@ impl Limiter for DomainLimiter {
 
 /// What the loop in [`acquire`] does next.
 enum Step {
-    Admitted,
+    Admitted(Admission),
     /// Head of the line, host not ready before this instant.
     Sleep(Instant),
     /// Behind others, or the host is full: wait for a wake-up. Carries the
@@ -194,10 +194,10 @@ async fn acquire(
         let mut guard = lock(shard);
         let entry = guard.entry(&host, start);
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
-            entry.state.admit(start, pacing);
+            let admission = entry.state.admit(start, pacing);
             drop(guard);
             report.finish_waited(WaitOutcome::Acquired, Duration::ZERO);
-            return Ok(inner.permit(host.clone(), Duration::ZERO));
+            return Ok(inner.permit(host.clone(), Duration::ZERO, admission));
         }
         if let Some(deadline) = deadline {
             let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);
@@ -230,11 +230,11 @@ async fn acquire(
                 Some(0) => match entry.state.decide(now, pacing) {
                     Decision::Admit => {
                         entry.queue.pop_front();
-                        entry.state.admit(now, pacing);
+                        let admission = entry.state.admit(now, pacing);
                         if let Some(next) = entry.queue.front() {
                             next.wake.notify_one();
                         }
-                        Step::Admitted
+                        Step::Admitted(admission)
                     }
                     Decision::WaitUntil(at) => Step::Sleep(at),
                     Decision::Full => Step::Park(entry.state.earliest_for(now, 0, pacing)),
@@ -252,9 +252,10 @@ async fn acquire(
             }
         };
         match step {
-            Step::Admitted => {
+            Step::Admitted(admission) => {
                 place.queued = false;
-                return Ok(inner.permit(host.clone(), report.finish(WaitOutcome::Acquired)));
+                let waited = report.finish(WaitOutcome::Acquired);
+                return Ok(inner.permit(host.clone(), waited, admission));
             }
             Step::Sleep(at) => {
                 let wake_at = match deadline {
@@ -285,10 +286,23 @@ async fn acquire(
 }
 
 impl Inner {
-    fn permit(self: &Arc<Self>, host: HostKey, waited: Duration) -> Permit {
-        let inner = Arc::clone(self);
-        let key = host.clone();
+    fn permit(self: &Arc<Self>, host: HostKey, waited: Duration, admission: Admission) -> Permit {
+        let (inner, undo) = (Arc::clone(self), Arc::clone(self));
+        let (key, undo_key) = (host.clone(), host.clone());
         Permit::new(host, waited, move || inner.release(&key))
+            .on_abandon(move || undo.undo(&undo_key, &admission))
+    }
+
+    /// Takes back an admission whose request was never sent.
+    fn undo(&self, host: &HostKey, admission: &Admission) {
+        let mut guard = lock(self.shard(host));
+        if let Some(entry) = guard.hosts.get_mut(host) {
+            entry.state.undo(admission);
+            if let Some(head) = entry.queue.front() {
+                head.wake.notify_one();
+            }
+        }
+        guard.settle(host, &self.pacing, &self.sweep);
     }
 
     fn shard(&self, host: &HostKey) -> &Mutex<Shard> {

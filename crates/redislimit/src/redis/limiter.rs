@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::{Cmd, RedisError};
@@ -72,7 +72,11 @@ use crate::{
 /// pool and its connections, see [`RedisPool`] and [`RedisTimeouts`](crate::RedisTimeouts).
 /// Every failure is returned as [`Error::Unavailable`]; wrap the limiter in
 /// a [`FallbackLimiter`] ([`with_fallback`](Self::with_fallback)) so
-/// retrieval goes on, paced in-process, while Redis is away.
+/// retrieval goes on, paced in-process, while Redis is away. A call is also
+/// bounded by the caller's deadline. After Redis fails to answer (refused,
+/// timed out, connection lost), acquires and penalties skip it and fail at
+/// once for a second, then one caller probes it: a frozen Redis costs one
+/// timeout a second, not one per request.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -116,6 +120,10 @@ struct Shared {
     /// Releases spawned and not yet answered, and a wake-up when one is.
     releases: AtomicUsize,
     released: Notify,
+    /// Until when (µs since `epoch`) acquires skip Redis after it failed
+    /// to answer; 0 while it answers.
+    circuit: AtomicU64,
+    epoch: Instant,
     /// Script arguments, in microseconds.
     min_delay_us: u64,
     lease_ttl_us: u64,
@@ -247,6 +255,8 @@ impl RedisLimiterBuilder {
                 pollers: DomainLimiter::new(Pacing::default()),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
+                circuit: AtomicU64::new(0),
+                epoch: Instant::now(),
                 redis: Connections::new(self.pool),
                 prefix: self.prefix,
                 scope: self.scope,
@@ -419,6 +429,24 @@ fn may_have_run(err: &Error) -> bool {
         .is_some_and(|e| e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
 }
 
+/// Whether a failure says Redis could not be reached or did not answer (as
+/// opposed to an answer that was an error, such as corrupt state at a key).
+fn connection_failed(err: &Error) -> bool {
+    let Error::Unavailable { source, .. } = err else {
+        return false;
+    };
+    source.downcast_ref::<deadpool_redis::PoolError>().is_some()
+        || source.downcast_ref::<RedisError>().is_some_and(|e| {
+            e.is_timeout()
+                || e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal()
+        })
+}
+
+/// How long acquires skip a Redis that failed to answer before one probes it.
+const CIRCUIT_REPROBE: Duration = Duration::from_secs(1);
+
 /// A random lease token; unique per acquire, so a late release of an
 /// expired lease can never free a newer one.
 fn new_token() -> Arc<str> {
@@ -435,6 +463,13 @@ impl Shared {
     ) -> Result<Permit, Error> {
         let start = Instant::now();
         let mut report = WaitReport::new(hooks, engine, &host, start);
+        if self.circuit_waiting() {
+            report.abandon();
+            return Err(Error::unavailable(
+                Op::Acquire,
+                "Redis failed to answer moments ago; it is asked again once a second",
+            ));
+        }
         let local = self
             .local
             .acquire_host(engine, host.clone(), deadline)
@@ -468,10 +503,43 @@ impl Shared {
             tokio::pin!(released);
             released.as_mut().enable();
             let releasing = self.releases.load(Ordering::Acquire) > 0;
-            let answer = self.try_acquire(&keys, &token).await;
+            if self.circuit_open() {
+                report.abandon();
+                return Err(Error::unavailable(
+                    Op::Acquire,
+                    "Redis failed to answer moments ago; it is asked again once a second",
+                ));
+            }
+            // The call is bounded by the caller's deadline as well as by the
+            // client's timeouts: a slow Redis must not hold it past its budget.
+            let asked = Instant::now();
+            let call = self.try_acquire(&keys, &token);
+            let (answer, cut_short) = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, call).await {
+                    Ok(answer) => (answer, false),
+                    Err(_) => (
+                        Err(Error::unavailable(
+                            Op::Acquire,
+                            "Redis did not answer within the caller's budget",
+                        )),
+                        true,
+                    ),
+                },
+                None => (call.await, false),
+            };
+            match &answer {
+                Ok(_) => self.close_circuit(),
+                Err(err) if connection_failed(err) => self.trip_circuit(),
+                // Redis answers in well under a millisecond; one that kept a
+                // caller waiting this long is not answering.
+                Err(_) if cut_short && asked.elapsed() >= Duration::from_millis(100) => {
+                    self.trip_circuit()
+                }
+                Err(_) => {}
+            }
             // A call that timed out or lost its connection may still run:
             // keep the guard armed so it is undone (or voided) either way.
-            booking.armed = matches!(&answer, Err(err) if may_have_run(err));
+            booking.armed = cut_short || matches!(&answer, Err(err) if may_have_run(err));
             drop(booking);
             let (wait, full) = match answer {
                 Ok(Answer::Admitted) => {
@@ -503,6 +571,12 @@ impl Shared {
                 }
                 wake = wake.min(deadline);
             }
+            // A release may also have set off, or landed, during the call.
+            let landed = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(released.as_mut().poll(cx).is_ready())
+            })
+            .await;
+            let releasing = releasing || landed || self.releases.load(Ordering::Acquire) > 0;
             if full && releasing && !retried_after_release {
                 retried_after_release = true;
                 tokio::select! {
@@ -512,6 +586,50 @@ impl Shared {
             } else {
                 tokio::time::sleep_until(wake).await;
             }
+        }
+    }
+
+    /// Microseconds since this limiter was made.
+    fn clock_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Whether acquires should skip Redis for now because it just failed to
+    /// answer. Once a second one caller is let through to probe it: a frozen
+    /// Redis costs one timeout a second, not one per request.
+    fn circuit_open(&self) -> bool {
+        let until = self.circuit.load(Ordering::Acquire);
+        if until == 0 {
+            return false;
+        }
+        let now = self.clock_us();
+        if now < until {
+            return true;
+        }
+        let probe_until = now.saturating_add(CIRCUIT_REPROBE.as_micros() as u64);
+        // Whoever moves the mark forward is the probe; everyone else waits.
+        self.circuit
+            .compare_exchange(until, probe_until, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    }
+
+    /// Whether the circuit is open and not yet due for a probe (no side
+    /// effect: the probe is chosen by [`circuit_open`](Self::circuit_open)).
+    fn circuit_waiting(&self) -> bool {
+        let until = self.circuit.load(Ordering::Acquire);
+        until != 0 && self.clock_us() < until
+    }
+
+    fn trip_circuit(&self) {
+        let until = self
+            .clock_us()
+            .saturating_add(CIRCUIT_REPROBE.as_micros() as u64);
+        self.circuit.store(until.max(1), Ordering::Release);
+    }
+
+    fn close_circuit(&self) {
+        if self.circuit.load(Ordering::Acquire) != 0 {
+            self.circuit.store(0, Ordering::Release);
         }
     }
 
@@ -561,8 +679,10 @@ impl Shared {
         let shared = Arc::clone(self);
         Permit::new(host, waited, move || {
             renewal.abort();
-            drop(local);
+            // Counted before the local slot frees, so an acquire it lets in
+            // knows a release is on its way.
             shared.releases.fetch_add(1, Ordering::AcqRel);
+            drop(local);
             runtime.spawn(async move {
                 shared.release(&keys, &token, false).await;
                 shared.releases.fetch_sub(1, Ordering::AcqRel);
@@ -641,6 +761,12 @@ impl Shared {
         let hold_us = hold.min(self.pacing.max_penalty()).as_micros() as u64;
         if hold_us == 0 {
             return Ok(());
+        }
+        if self.circuit_open() {
+            return Err(Error::unavailable(
+                Op::Penalize,
+                "Redis failed to answer moments ago; it is asked again once a second",
+            ));
         }
         let keys = RedisKeys::new(&self.prefix, &self.scope, &host);
         let result = PENALIZE
