@@ -528,14 +528,16 @@ impl Shared {
                 None => (call.await, false),
             };
             match &answer {
-                Ok(_) => self.close_circuit(),
                 Err(err) if connection_failed(err) => self.trip_circuit(),
                 // Redis answers in well under a millisecond; one that kept a
                 // caller waiting this long is not answering.
                 Err(_) if cut_short && asked.elapsed() >= Duration::from_millis(100) => {
                     self.trip_circuit()
                 }
-                Err(_) => {}
+                Err(_) if cut_short => {}
+                // An answer, even an error reply (corrupt state at a key),
+                // means Redis is there.
+                _ => self.close_circuit(),
             }
             // A call that timed out or lost its connection may still run:
             // keep the guard armed so it is undone (or voided) either way.
