@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use redislimit_tests::record::{Request, assert_serialized};
 use redislimit_tests::{RedisServer, Upstream};
 
-use crate::{HOSTS, MS, SLACK, deal, finish, spawn, tempdir, urls};
+use crate::{HOSTS, MS, SLACK, finish, spawn, spawn_all, tempdir, urls};
 
 /// The requests to `host` sent after `since`.
 fn sent_after(upstream: &Upstream, host: &str, since: Instant) -> Vec<Request> {
@@ -33,11 +33,7 @@ async fn crawl_through(fault: impl FnOnce(&RedisServer), heal: impl FnOnce(&Redi
         "--lease-ttl",
         "2s",
     ];
-    let replicas: Vec<_> = deal(&list, 2)
-        .iter()
-        .enumerate()
-        .map(|(n, hand)| spawn(dir.path(), n, &upstream, hand, &args))
-        .collect();
+    let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
 
     tokio::time::sleep(Duration::from_millis(600)).await;
     fault(&server);

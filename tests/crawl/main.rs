@@ -130,6 +130,21 @@ pub(crate) fn deal(urls: &[String], n: usize) -> Vec<Vec<String>> {
     hands
 }
 
+/// Deals `urls` out to `n` replicas and starts them with `args`.
+pub(crate) fn spawn_all(
+    dir: &Path,
+    upstream: &Upstream,
+    urls: &[String],
+    n: usize,
+    args: &[&str],
+) -> Vec<Replica> {
+    deal(urls, n)
+        .iter()
+        .enumerate()
+        .map(|(i, hand)| spawn(dir, i, upstream, hand, args))
+        .collect()
+}
+
 pub(crate) fn tempdir() -> TempDir {
     tempfile::tempdir().unwrap()
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use redislimit_tests::record::{assert_serialized, max_in_flight, max_in_window, min_send_gap};
 use redislimit_tests::{RedisCluster, RedisServer, Upstream};
 
-use crate::{HOSTS, MS, SLACK, deal, finish, spawn, tempdir, urls};
+use crate::{HOSTS, MS, SLACK, finish, spawn, spawn_all, tempdir, urls};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_paces_in_process() {
@@ -35,11 +35,7 @@ async fn serialized_across(redis: &[&str]) {
         "5s",
     ];
     args.extend_from_slice(redis);
-    let replicas = deal(&list, 3)
-        .iter()
-        .enumerate()
-        .map(|(n, hand)| spawn(dir.path(), n, &upstream, hand, &args))
-        .collect();
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
     finish(replicas).await;
     for host in HOSTS {
         let seen = upstream.recorder().host(host);
@@ -58,11 +54,7 @@ async fn lease_across(redis: &[&str]) {
     let list = urls(&upstream, &HOSTS[..2], 10, "/slow?chunks=3&every=30");
     let mut args = vec!["--min-delay", "50ms", "--cluster-concurrency", "2"];
     args.extend_from_slice(redis);
-    let replicas = deal(&list, 3)
-        .iter()
-        .enumerate()
-        .map(|(n, hand)| spawn(dir.path(), n, &upstream, hand, &args))
-        .collect();
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
     finish(replicas).await;
     let mut peak = 0;
     for host in &HOSTS[..2] {
@@ -132,11 +124,7 @@ async fn quota_across(redis: &[&str]) {
         "8",
     ];
     args.extend_from_slice(redis);
-    let replicas = deal(&list, 3)
-        .iter()
-        .enumerate()
-        .map(|(n, hand)| spawn(dir.path(), n, &upstream, hand, &args))
-        .collect();
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
     finish(replicas).await;
     let seen = upstream.recorder().host("a.test");
     assert_eq!(seen.len(), 12);

@@ -73,8 +73,14 @@ async fn shared_again(server: &RedisServer) {
     assert_serialized(&rec.host("shared.test"), 20 * MS);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_mid_run_falls_back_then_shares_again() {
+/// A fallback limiter keeps admitting while `fault` strikes Redis, the
+/// plain limiter fails fast with `Unavailable`, and after `heal` the plain
+/// limiter works again and two replicas share one pace.
+async fn falls_back_and_recovers(
+    fault: fn(&RedisServer),
+    heal: fn(&RedisServer),
+    outage: Duration,
+) {
     let server = RedisServer::start();
     let plain = serialized(&server);
     let fallback = Arc::new(serialized(&server).with_fallback());
@@ -82,45 +88,36 @@ async fn redis_killed_mid_run_falls_back_then_shares_again() {
     let crawler = keep_crawling(Arc::clone(&fallback), Arc::clone(&count), Arc::clone(&stop));
     tokio::time::sleep(200 * MS).await;
 
-    server.kill();
+    fault(&server);
     assert_unavailable_soon(&plain).await;
-    let at_kill = count.load(Ordering::SeqCst);
-    tokio::time::sleep(500 * MS).await;
+    let at_fault = count.load(Ordering::SeqCst);
+    tokio::time::sleep(outage).await;
     assert!(
-        count.load(Ordering::SeqCst) > at_kill + 3,
+        count.load(Ordering::SeqCst) > at_fault + 3,
         "the fallback stopped pacing"
     );
 
-    server.restart(); // a fresh server: no scripts cached, no state
-    recovers(&plain).await;
-    shared_again(&server).await;
-    stop.store(1, Ordering::SeqCst);
-    bounded(10, crawler).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_frozen_mid_run_never_hangs_an_acquire() {
-    let server = RedisServer::start();
-    let plain = serialized(&server);
-    let fallback = Arc::new(serialized(&server).with_fallback());
-    let (count, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let crawler = keep_crawling(Arc::clone(&fallback), Arc::clone(&count), Arc::clone(&stop));
-    tokio::time::sleep(200 * MS).await;
-
-    server.pause();
-    assert_unavailable_soon(&plain).await;
-    let at_freeze = count.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        count.load(Ordering::SeqCst) > at_freeze,
-        "the fallback stopped pacing"
-    );
-
-    server.resume();
+    heal(&server);
     recovers(&plain).await;
     shared_again(&server).await;
     stop.store(1, Ordering::SeqCst);
     bounded(20, crawler).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run_falls_back_then_shares_again() {
+    // The restart is a fresh server: no scripts cached, no state.
+    falls_back_and_recovers(RedisServer::kill, RedisServer::restart, 500 * MS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_frozen_mid_run_never_hangs_an_acquire() {
+    falls_back_and_recovers(
+        RedisServer::pause,
+        RedisServer::resume,
+        Duration::from_secs(3),
+    )
+    .await;
 }
 
 #[derive(Debug, Default)]
