@@ -232,9 +232,6 @@ async fn an_acquire_that_timed_out_books_nothing_when_redis_runs_it_later() {
     .await
     .expect("the timed-out acquire left the host booked");
     drop(p);
-    let gate = other.keys(&host("a.test")).gate;
-    tokio::time::sleep(100 * MS).await;
-    assert_eq!(server.command(&["HEXISTS", &gate, "holder"]).trim(), ":0");
 }
 
 /// Regression: the fallback paced as if requests admitted through Redis
