@@ -2,10 +2,41 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use redislimit_tests::record::{Request, assert_serialized};
 use redislimit_tests::{RedisServer, Upstream};
 
 use crate::{HOSTS, MS, SLACK, finish, spawn, spawn_all, tempdir, urls};
+
+/// How much closer than its `min_delay` two sends of one replica may
+/// arrive at the upstream: the time from admission to arrival varies by a
+/// few milliseconds between requests.
+const ARRIVAL_SLACK: Duration = Duration::from_millis(5);
+
+/// No replica sent two requests to one host closer than `gap` (less the
+/// arrival slack). Returns how many (replica, host) pairs were checked.
+fn assert_each_replica_spaced(seen: &[Request], gap: Duration) -> usize {
+    let mut by_sender: BTreeMap<(usize, &str), Vec<Instant>> = BTreeMap::new();
+    for r in seen {
+        by_sender
+            .entry((r.replica, &r.host))
+            .or_default()
+            .push(r.send);
+    }
+    for ((replica, host), sends) in &mut by_sender {
+        sends.sort();
+        for pair in sends.windows(2) {
+            let apart = pair[1] - pair[0];
+            assert!(
+                apart + ARRIVAL_SLACK >= gap,
+                "replica {replica} sent two requests to {host} {apart:?} apart, \
+                 its min_delay is {gap:?}"
+            );
+        }
+    }
+    by_sender.len()
+}
 
 /// The requests to `host` sent after `since`.
 fn sent_after(upstream: &Upstream, host: &str, since: Instant) -> Vec<Request> {
@@ -157,5 +188,85 @@ async fn a_429_with_retry_after_holds_the_host_on_every_replica() {
             later.replica,
             penalty_end - later.send
         );
+    }
+}
+
+/// Regression: acquires queued behind a frozen Redis timed out together and
+/// the in-process fallback sent them at once (26 requests rejected by nginx
+/// in one 4 ms burst), and a request following one Redis admitted late was
+/// sent right after it. Four replicas in lease mode share each host through
+/// Redis, which is frozen mid-crawl and resumed: no replica sends two
+/// requests to one host closer than its `min_delay`, before, during or
+/// after the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_replicas_keep_their_gap_across_a_frozen_redis() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let gap = 100 * MS;
+    let list = urls(&upstream, &HOSTS, 120, "/slow?chunks=2&every=20");
+    let args = [
+        "--redis",
+        &server.url(),
+        "--cluster-concurrency",
+        "4",
+        "--lease-ttl",
+        "10s",
+        "--min-delay",
+        "100ms",
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 4, &args);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let frozen = Instant::now();
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    server.resume();
+    let resumed = Instant::now();
+    finish(replicas).await;
+
+    let seen = upstream.recorder().all();
+    assert_eq!(seen.len(), list.len());
+    let outage = seen.iter().filter(|r| r.send >= frozen && r.send < resumed);
+    let after = seen.iter().filter(|r| r.send >= resumed);
+    assert!(
+        outage.count() >= 20 && after.count() >= 20,
+        "the crawl did not span the outage and the recovery"
+    );
+    assert_eq!(assert_each_replica_spaced(&seen, gap), 4 * HOSTS.len());
+}
+
+/// Regression: one replica with eight requests in flight burst to each host
+/// when Redis froze (its queued acquires failed over together) and again
+/// when it came back. Ten tries, each freezing Redis mid-crawl and resuming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_keeps_its_gap_across_a_freeze_and_a_resume() {
+    let server = RedisServer::start();
+    let gap = 80 * MS;
+    for attempt in 0..10 {
+        let upstream = Upstream::start().await;
+        let dir = tempdir();
+        let scope = format!("try{attempt}");
+        let list = urls(&upstream, &HOSTS[..2], 25, "/slow?chunks=2&every=10");
+        let args = [
+            "--redis",
+            &server.url(),
+            "--scope",
+            &scope,
+            "--cluster-concurrency",
+            "4",
+            "--lease-ttl",
+            "10s",
+            "--min-delay",
+            "80ms",
+        ];
+        let replica = spawn(dir.path(), 0, &upstream, &list, &args);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        server.pause();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        server.resume();
+        finish(vec![replica]).await;
+        let seen = upstream.recorder().all();
+        assert_eq!(seen.len(), list.len(), "try {attempt}");
+        assert_eq!(assert_each_replica_spaced(&seen, gap), 2, "try {attempt}");
     }
 }

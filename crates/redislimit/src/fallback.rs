@@ -26,6 +26,16 @@ use crate::{
 /// replica burst, and there is never a second, independent pace running in
 /// the same process.
 ///
+/// That memory is of sends, not of admissions: an acquire is admitted
+/// in-process first (which keeps this process's FIFO order and in-flight
+/// cap) and then waits on the primary, so its request leaves when the
+/// primary admits it, and that instant is what the in-process gap and quota
+/// count from. An acquire that the primary fails gives its early in-process
+/// admission back and queues again for one made now: acquires that fail
+/// over together (all the waiters behind a frozen Redis) go out one
+/// `min_delay` apart, the first one `min_delay` after the latest request
+/// the primary admitted.
+///
 /// Hooks are reported here, once per decision: give the inner limiters
 /// none for waits ([`RedisLimiter::with_fallback`](crate::RedisLimiter::with_fallback)
 /// arranges this; the primary still reports its errors). Penalties go to
@@ -109,12 +119,26 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                     .await
                     .map_err(|e| report.fail(e))?,
             ));
-            let shared = match self
+            match self
                 .primary
                 .acquire_host(engine, host.clone(), deadline)
                 .await
             {
-                Ok(permit) => Some(permit),
+                Ok(shared) => {
+                    // The request leaves now, perhaps long after the local
+                    // admission (the primary may have made it wait): the
+                    // local gap and quota count from now, so the next send
+                    // keeps this process's own spacing whoever admits it.
+                    let mut local = local.0.take();
+                    if let Some(local) = &mut local {
+                        local.sent(Instant::now());
+                    }
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    Ok(Permit::new(host, waited, move || {
+                        drop(shared);
+                        drop(local);
+                    }))
+                }
                 Err(err) if err.is_unavailable() => {
                     // The primary may have taken the budget to fail.
                     let now = Instant::now();
@@ -124,16 +148,23 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                         return Err(report.over_budget(now, deadline, now));
                     }
                     tracing::warn!(host = %host, error = %err, "pacing in-process: the shared limiter is unavailable");
-                    None
+                    // The provisional admission was made before the wait on
+                    // the primary; sending on it now could follow this
+                    // process's last send too closely, and waiters that fail
+                    // over together would all go at once. Give it back and
+                    // queue again for a real admission, which waits for the
+                    // gap from the latest send this process made.
+                    drop(local);
+                    let local = self
+                        .fallback
+                        .acquire_host(engine, host.clone(), deadline)
+                        .await
+                        .map_err(|e| report.fail(e))?;
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    Ok(Permit::new(host, waited, move || drop(local)))
                 }
-                Err(err) => return Err(report.fail(err)),
-            };
-            let local = local.0.take();
-            let waited = report.finish(WaitOutcome::Acquired);
-            Ok(Permit::new(host, waited, move || {
-                drop(shared);
-                drop(local);
-            }))
+                Err(err) => Err(report.fail(err)),
+            }
         })
     }
 

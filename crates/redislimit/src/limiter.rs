@@ -107,6 +107,7 @@ macro_rules! forward_limiter {
 forward_limiter!(Arc<L>, Box<L>, &L);
 
 type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
+type SentFn = Box<dyn FnOnce(Instant) + Send + Sync>;
 
 /// The right to send one request to one host.
 ///
@@ -121,6 +122,7 @@ pub struct Permit {
     waited: Duration,
     release: Option<ReleaseFn>,
     abandon: Option<ReleaseFn>,
+    sent: Option<SentFn>,
 }
 
 impl Permit {
@@ -136,6 +138,7 @@ impl Permit {
             waited,
             release: Some(Box::new(release)),
             abandon: None,
+            sent: None,
         }
     }
 
@@ -144,6 +147,24 @@ impl Permit {
     pub fn on_abandon(mut self, abandon: impl FnOnce() + Send + Sync + 'static) -> Self {
         self.abandon = Some(Box::new(abandon));
         self
+    }
+
+    /// What [`sent`](Self::sent) runs: moving the admission's record to
+    /// the instant the request really left.
+    pub(crate) fn on_sent(mut self, sent: impl FnOnce(Instant) + Send + Sync + 'static) -> Self {
+        self.sent = Some(Box::new(sent));
+        self
+    }
+
+    /// Records that the request left at `at`, later than it was admitted:
+    /// the gap and the quota count from `at` from now on. A sent request
+    /// can no longer be taken back, so [`abandon`](Self::abandon) becomes a
+    /// release.
+    pub(crate) fn sent(&mut self, at: Instant) {
+        if let Some(sent) = self.sent.take() {
+            self.abandon = None;
+            sent(at);
+        }
     }
 
     /// The host this permit admits a request to.
@@ -165,6 +186,7 @@ impl Permit {
     /// limiter can, the admission is taken back (it counts neither in the
     /// quota nor as a completion); otherwise this is a release.
     pub fn abandon(mut self) {
+        self.sent = None;
         if let Some(abandon) = self.abandon.take() {
             self.release = None;
             abandon();

@@ -135,6 +135,30 @@ impl HostState {
         self.epoch = self.epoch.wrapping_add(1);
     }
 
+    /// Records that the request `admission` admitted left at `at` (no
+    /// earlier than it was admitted): the next send waits `min_delay` from
+    /// `at`, and the quota counts the admission at `at`. Moving a record
+    /// later is always safe; it keeps a process that was admitted early and
+    /// sent late (after waiting on a shared limiter) from following its own
+    /// send too closely.
+    pub(crate) fn sent(&mut self, admission: &Admission, at: Instant, pacing: &Pacing) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.ready_at = self.ready_at.max(after(at, pacing.min_delay()));
+        let quota = pacing.quota() as usize;
+        if quota == 0 || at <= admission.at {
+            return;
+        }
+        if let Some(i) = self.admissions.iter().rposition(|&t| t == admission.at) {
+            self.admissions.remove(i);
+        }
+        let pos = self.admissions.partition_point(|&t| t <= at);
+        self.admissions.insert(pos, at);
+        // The `quota` newest admissions decide; older ones no longer matter.
+        while self.admissions.len() > quota {
+            self.admissions.pop_front();
+        }
+    }
+
     /// Records a completion at `now`: unless the pacing spaces sends only,
     /// the next send waits `min_delay` from it.
     pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing) {
@@ -224,6 +248,35 @@ mod tests {
         s.penalize(t0, 10 * MS);
         s.undo(&a);
         assert_eq!(s.decide(t0, &p), Decision::WaitUntil(t0 + 100 * MS));
+    }
+
+    #[test]
+    fn a_late_send_moves_the_gap_and_the_quota_record() {
+        let t0 = Instant::now();
+        let p = pacing(4, 100, 2, 1000);
+        let mut s = HostState::new(t0);
+        let a = s.admit(t0, &p);
+        s.admit(t0 + 100 * MS, &p);
+        // The first request really left at 700 ms.
+        s.sent(&a, t0 + 700 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 700 * MS, &p),
+            Decision::WaitUntil(t0 + 1100 * MS),
+            "the quota is full until the older record (100 ms) leaves the window"
+        );
+        assert_eq!(s.idle_at(&p), None);
+        s.complete(t0 + 750 * MS, &p);
+        s.complete(t0 + 760 * MS, &p);
+        assert_eq!(s.idle_at(&p), Some(t0 + 1700 * MS));
+        // Without a quota, only the gap moves.
+        let p = pacing(4, 100, 0, 0);
+        let mut s = HostState::new(t0);
+        let a = s.admit(t0, &p);
+        s.sent(&a, t0 + 500 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 550 * MS, &p),
+            Decision::WaitUntil(t0 + 600 * MS)
+        );
     }
 
     #[test]

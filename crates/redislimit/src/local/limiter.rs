@@ -287,10 +287,19 @@ async fn acquire(
 
 impl Inner {
     fn permit(self: &Arc<Self>, host: HostKey, waited: Duration, admission: Admission) -> Permit {
-        let (inner, undo) = (Arc::clone(self), Arc::clone(self));
-        let (key, undo_key) = (host.clone(), host.clone());
+        let (inner, undo, sent) = (Arc::clone(self), Arc::clone(self), Arc::clone(self));
+        let (key, undo_key, sent_key) = (host.clone(), host.clone(), host.clone());
         Permit::new(host, waited, move || inner.release(&key))
             .on_abandon(move || undo.undo(&undo_key, &admission))
+            .on_sent(move |at| sent.sent(&sent_key, &admission, at))
+    }
+
+    /// Moves an admission's record to the instant its request really left.
+    fn sent(&self, host: &HostKey, admission: &Admission, at: Instant) {
+        let mut guard = lock(self.shard(host));
+        if let Some(entry) = guard.hosts.get_mut(host) {
+            entry.state.sent(admission, at, &self.pacing);
+        }
     }
 
     /// Takes back an admission whose request was never sent.
