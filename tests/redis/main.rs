@@ -3,11 +3,13 @@
 //! Sentinel deployments, with crashed replicas, dead, frozen and failed-over
 //! servers, and garbage in the keys.
 
+mod circuit;
 mod cost;
 mod faults;
 mod garbage;
 mod leases;
 mod modes;
+mod renewal;
 mod topologies;
 
 use std::future::Future;

@@ -7,6 +7,7 @@
 //! - [`resp`]: a tiny blocking RESP2 client to poke at them directly;
 //! - [`Upstream`]: a real HTTP server on loopback that serves any host name and records
 //!   when each request arrived and when its response ended;
+//! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries (a stalled connection);
 //! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when
@@ -18,6 +19,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod port;
+mod proxy;
 pub mod record;
 mod redis_cluster;
 mod redis_sentinel;
@@ -27,6 +29,6 @@ mod upstream;
 mod wait;
 
 pub use self::{
-    redis_cluster::RedisCluster, redis_sentinel::RedisSentinel, redis_server::RedisServer,
-    upstream::Upstream,
+    proxy::StallProxy, redis_cluster::RedisCluster, redis_sentinel::RedisSentinel,
+    redis_server::RedisServer, upstream::Upstream,
 };

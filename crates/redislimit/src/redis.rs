@@ -1,8 +1,10 @@
 //! The Redis-backed limiter: pacing state shared by every replica.
 
+mod circuit;
 mod keys;
 mod limiter;
 mod pool;
+mod renew;
 mod script;
 
 pub use self::keys::RedisKeys;

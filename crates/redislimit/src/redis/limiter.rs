@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::{Cmd, RedisError};
@@ -10,9 +10,10 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::circuit::Circuit;
 use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
-use super::script::{ACQUIRE, PENALIZE, RELEASE, RENEW};
+use super::script::{ACQUIRE, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
 use crate::{
@@ -57,10 +58,16 @@ use crate::{
 /// `lease_ttl` is how long a slot stays booked when its holder stops
 /// answering; it is a crash bound, not a request timeout. A permit held for
 /// longer renews its lease every `lease_ttl / 2`, so a long download is
-/// never overtaken while its process lives. Too short, and a pause longer
-/// than `lease_ttl / 2` (a stalled event loop, Redis unreachable for a
-/// moment) can let a live request's slot go; too long, and a crashed
-/// replica strands its slot (serialized mode: the whole host) that long.
+/// never overtaken while its process lives. A renewal that fails (Redis
+/// slow or unreachable, a stalled connection) is retried at once with a
+/// short backoff (20 ms, doubling up to `lease_ttl / 8`) for as long as the
+/// lease may be alive: only a stall longer than the time left on the lease
+/// (at least `lease_ttl / 2`) can lose the slot. A lost lease is reported
+/// through [`Hooks::on_error`] with [`Op::Renew`] and a `tracing` warning.
+/// Too short, and a pause of half of it (a stalled event loop, Redis
+/// unreachable for a moment) can let a live request's slot go; too long,
+/// and a crashed replica strands its slot (serialized mode: the whole
+/// host) that long.
 /// Set it to a few times the time a Redis round trip can take in a bad
 /// moment, and no longer than you can afford a host to sit idle after a
 /// crash: 10-30 s suits most crawlers.
@@ -72,11 +79,19 @@ use crate::{
 /// pool and its connections, see [`RedisPool`] and [`RedisTimeouts`](crate::RedisTimeouts).
 /// Every failure is returned as [`Error::Unavailable`]; wrap the limiter in
 /// a [`FallbackLimiter`] ([`with_fallback`](Self::with_fallback)) so
-/// retrieval goes on, paced in-process, while Redis is away. A call is also
-/// bounded by the caller's deadline. After Redis fails to answer (refused,
-/// timed out, connection lost), acquires and penalties skip it and fail at
-/// once for a second, then one caller probes it: a frozen Redis costs one
-/// timeout a second, not one per request.
+/// retrieval goes on, paced in-process, while Redis is away.
+///
+/// A call is also bounded by the caller's deadline (a call that starts at
+/// the deadline, because the host frees just in time, still gets 50 ms to
+/// be answered). A deadline that runs out is always [`Error::WaitBudget`],
+/// never `Unavailable`, and reports no error: it says nothing about Redis.
+///
+/// After Redis itself fails to answer (no connection, refused, reset, a
+/// response timeout of the pool), acquires and penalties skip it and fail
+/// at once for a second, then one caller probes it: a frozen Redis costs
+/// one timeout a second, not one per request. Any answer from Redis, to
+/// any call (an error reply included), closes that circuit again. An
+/// acquire refused by it never reached Redis and sends nothing there.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -104,32 +119,30 @@ pub struct RedisLimiter {
     report_waits: bool,
 }
 
-struct Shared {
-    redis: Connections,
-    prefix: String,
-    scope: String,
-    pacing: Pacing,
-    cluster_concurrency: u32,
-    lease_ttl: Duration,
-    concurrency_retry: Duration,
-    hooks: Arc<dyn Hooks>,
+pub(super) struct Shared {
+    pub(super) redis: Connections,
+    pub(super) prefix: String,
+    pub(super) scope: String,
+    pub(super) pacing: Pacing,
+    pub(super) cluster_concurrency: u32,
+    pub(super) lease_ttl: Duration,
+    pub(super) concurrency_retry: Duration,
+    pub(super) hooks: Arc<dyn Hooks>,
     /// The per-process cap and FIFO order; records no hooks of its own.
-    local: DomainLimiter,
+    pub(super) local: DomainLimiter,
     /// One Redis caller per host at a time in this process, in FIFO order.
-    pollers: DomainLimiter,
+    pub(super) pollers: DomainLimiter,
     /// Releases spawned and not yet answered, and a wake-up when one is.
-    releases: AtomicUsize,
-    released: Notify,
-    /// Until when (µs since `epoch`) acquires skip Redis after it failed
-    /// to answer; 0 while it answers.
-    circuit: AtomicU64,
-    epoch: Instant,
+    pub(super) releases: AtomicUsize,
+    pub(super) released: Notify,
+    /// Whether Redis is skipped for now after it failed to answer.
+    pub(super) circuit: Circuit,
     /// Script arguments, in microseconds.
-    min_delay_us: u64,
-    lease_ttl_us: u64,
-    window_us: u64,
+    pub(super) min_delay_us: u64,
+    pub(super) lease_ttl_us: u64,
+    pub(super) window_us: u64,
     /// The longest wait this configuration can ask for.
-    max_wait_us: u64,
+    pub(super) max_wait_us: u64,
 }
 
 /// Builds a [`RedisLimiter`]; see its documentation for the controls.
@@ -255,8 +268,7 @@ impl RedisLimiterBuilder {
                 pollers: DomainLimiter::new(Pacing::default()),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
-                circuit: AtomicU64::new(0),
-                epoch: Instant::now(),
+                circuit: Circuit::new(),
                 redis: Connections::new(self.pool),
                 prefix: self.prefix,
                 scope: self.scope,
@@ -346,6 +358,7 @@ impl RedisLimiter {
             .redis
             .query::<String>(&deadpool_redis::redis::cmd("PING"))
             .await;
+        self.shared.circuit.observe(&pong);
         pong.map(drop).map_err(|e| unavailable(Op::Ping, e))
     }
 
@@ -411,7 +424,7 @@ enum Answer {
     },
 }
 
-fn unavailable(op: Op, err: QueryError) -> Error {
+pub(super) fn unavailable(op: Op, err: QueryError) -> Error {
     match err {
         QueryError::Redis(e) => Error::unavailable(op, e),
         QueryError::Pool(e) => Error::Unavailable { op, source: e },
@@ -429,23 +442,17 @@ fn may_have_run(err: &Error) -> bool {
         .is_some_and(|e| e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
 }
 
-/// Whether a failure says Redis could not be reached or did not answer (as
-/// opposed to an answer that was an error, such as corrupt state at a key).
-fn connection_failed(err: &Error) -> bool {
-    let Error::Unavailable { source, .. } = err else {
-        return false;
-    };
-    source.downcast_ref::<deadpool_redis::PoolError>().is_some()
-        || source.downcast_ref::<RedisError>().is_some_and(|e| {
-            e.is_timeout()
-                || e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()
-        })
-}
+/// How long past the caller's deadline a call that started at it may take
+/// to be answered (Redis answers in well under a millisecond).
+const CALL_GRACE: Duration = Duration::from_millis(50);
 
-/// How long acquires skip a Redis that failed to answer before one probes it.
-const CIRCUIT_REPROBE: Duration = Duration::from_secs(1);
+/// The error of a call skipped because Redis failed to answer moments ago.
+fn circuit_open(op: Op) -> Error {
+    Error::unavailable(
+        op,
+        "Redis failed to answer moments ago; it is asked again once a second",
+    )
+}
 
 /// A random lease token; unique per acquire, so a late release of an
 /// expired lease can never free a newer one.
@@ -463,12 +470,9 @@ impl Shared {
     ) -> Result<Permit, Error> {
         let start = Instant::now();
         let mut report = WaitReport::new(hooks, engine, &host, start);
-        if self.circuit_waiting() {
+        if self.circuit.waiting() {
             report.abandon();
-            return Err(Error::unavailable(
-                Op::Acquire,
-                "Redis failed to answer moments ago; it is asked again once a second",
-            ));
+            return Err(circuit_open(Op::Acquire));
         }
         let local = self
             .local
@@ -488,13 +492,6 @@ impl Shared {
         let runtime = Handle::current();
         let mut retried_after_release = false;
         loop {
-            let mut booking = Booking {
-                shared: self,
-                keys: &keys,
-                token: &token,
-                runtime: &runtime,
-                armed: true,
-            };
             // A full host may be full of this process's own requests whose
             // releases are still on their way to Redis (sent after this
             // acquire): listen for them before asking, so the answer "full"
@@ -503,45 +500,45 @@ impl Shared {
             tokio::pin!(released);
             released.as_mut().enable();
             let releasing = self.releases.load(Ordering::Acquire) > 0;
-            if self.circuit_open() {
+            // Checked before anything is sent: an acquire refused here never
+            // reached Redis, so there is nothing to take back.
+            if self.circuit.open() {
                 report.abandon();
-                return Err(Error::unavailable(
-                    Op::Acquire,
-                    "Redis failed to answer moments ago; it is asked again once a second",
-                ));
+                return Err(circuit_open(Op::Acquire));
             }
+            let mut booking = Booking {
+                shared: self,
+                keys: &keys,
+                token: &token,
+                runtime: &runtime,
+                armed: true,
+            };
             // The call is bounded by the caller's deadline as well as by the
-            // client's timeouts: a slow Redis must not hold it past its budget.
+            // client's timeouts, so a slow Redis cannot hold a caller far
+            // past its budget; a call that starts at the deadline (its host
+            // frees just in time) still gets a moment to be answered.
             let asked = Instant::now();
             let call = self.try_acquire(&keys, &token);
-            let (answer, cut_short) = match deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, call).await {
-                    Ok(answer) => (answer, false),
-                    Err(_) => (
-                        Err(Error::unavailable(
-                            Op::Acquire,
-                            "Redis did not answer within the caller's budget",
-                        )),
-                        true,
-                    ),
-                },
-                None => (call.await, false),
-            };
-            match &answer {
-                Err(err) if connection_failed(err) => self.trip_circuit(),
-                // Redis answers in well under a millisecond; one that kept a
-                // caller waiting this long is not answering.
-                Err(_) if cut_short && asked.elapsed() >= Duration::from_millis(100) => {
-                    self.trip_circuit()
+            let answer = match deadline {
+                Some(deadline) => {
+                    let bound = deadline.max(after(asked, CALL_GRACE));
+                    match tokio::time::timeout_at(bound, call).await {
+                        Ok(answer) => answer,
+                        Err(_) => {
+                            // The caller's budget ran out, not Redis: a
+                            // blown budget, which opens no circuit. The call
+                            // may still run, so the booking stays armed.
+                            drop(booking);
+                            let now = Instant::now();
+                            return Err(report.over_budget(now, deadline, now));
+                        }
+                    }
                 }
-                Err(_) if cut_short => {}
-                // An answer, even an error reply (corrupt state at a key),
-                // means Redis is there.
-                _ => self.close_circuit(),
-            }
-            // A call that timed out or lost its connection may still run:
-            // keep the guard armed so it is undone (or voided) either way.
-            booking.armed = cut_short || matches!(&answer, Err(err) if may_have_run(err));
+                None => call.await,
+            };
+            // A call that lost its connection may still run: keep the guard
+            // armed so it is undone (or voided) either way.
+            booking.armed = matches!(&answer, Err(err) if may_have_run(err));
             drop(booking);
             let (wait, full) = match answer {
                 Ok(Answer::Admitted) => {
@@ -567,6 +564,7 @@ impl Shared {
             if let Some(deadline) = deadline {
                 // A known wait that cannot fit fails at once; a full host
                 // (whose wait nobody knows) is retried until the deadline.
+                // Jitter spreads replicas out but never costs the budget.
                 let ready = after(now, wait);
                 if ready > deadline || (full && now >= deadline) {
                     return Err(report.over_budget(after(now, pause), deadline, now));
@@ -591,53 +589,9 @@ impl Shared {
         }
     }
 
-    /// Microseconds since this limiter was made.
-    fn clock_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
-    }
-
-    /// Whether acquires should skip Redis for now because it just failed to
-    /// answer. Once a second one caller is let through to probe it: a frozen
-    /// Redis costs one timeout a second, not one per request.
-    fn circuit_open(&self) -> bool {
-        let until = self.circuit.load(Ordering::Acquire);
-        if until == 0 {
-            return false;
-        }
-        let now = self.clock_us();
-        if now < until {
-            return true;
-        }
-        let probe_until = now.saturating_add(CIRCUIT_REPROBE.as_micros() as u64);
-        // Whoever moves the mark forward is the probe; everyone else waits.
-        self.circuit
-            .compare_exchange(until, probe_until, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-    }
-
-    /// Whether the circuit is open and not yet due for a probe (no side
-    /// effect: the probe is chosen by [`circuit_open`](Self::circuit_open)).
-    fn circuit_waiting(&self) -> bool {
-        let until = self.circuit.load(Ordering::Acquire);
-        until != 0 && self.clock_us() < until
-    }
-
-    fn trip_circuit(&self) {
-        let until = self
-            .clock_us()
-            .saturating_add(CIRCUIT_REPROBE.as_micros() as u64);
-        self.circuit.store(until.max(1), Ordering::Release);
-    }
-
-    fn close_circuit(&self) {
-        if self.circuit.load(Ordering::Acquire) != 0 {
-            self.circuit.store(0, Ordering::Release);
-        }
-    }
-
     async fn try_acquire(&self, keys: &RedisKeys, token: &str) -> Result<Answer, Error> {
-        let reply: Vec<i64> = ACQUIRE
-            .run(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+        let reply = ACQUIRE
+            .run::<Vec<i64>>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
                     .arg(self.min_delay_us)
                     .arg(self.cluster_concurrency)
@@ -646,8 +600,9 @@ impl Shared {
                     .arg(self.window_us)
                     .arg(self.max_wait_us);
             })
-            .await
-            .map_err(|e| unavailable(Op::Acquire, e))?;
+            .await;
+        self.circuit.observe(&reply);
+        let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
             [1, _] => Ok(Answer::Admitted),
             [0, _, 2] => Err(Error::unavailable(
@@ -693,39 +648,6 @@ impl Shared {
         })
     }
 
-    /// Renews the lease every `lease_ttl / 2` while the permit is held.
-    async fn renew_until_released(self: Arc<Self>, keys: Arc<RedisKeys>, token: Arc<str>) {
-        let period = self.lease_ttl / 2;
-        loop {
-            tokio::time::sleep(period).await;
-            let renewed = RENEW
-                .run::<i64>(&self.redis, &keys.all()[..2], |cmd: &mut Cmd| {
-                    cmd.arg(&*token)
-                        .arg(self.cluster_concurrency)
-                        .arg(self.lease_ttl_us)
-                        .arg(self.min_delay_us);
-                })
-                .await;
-            match renewed {
-                Ok(1) => {}
-                Ok(_) => {
-                    let err = Error::unavailable(
-                        Op::Renew,
-                        "the lease had lapsed before it was renewed; its slot may be taken",
-                    );
-                    tracing::warn!(gate = %keys.gate, "lease lost");
-                    self.hooks.on_error(Op::Renew, &err);
-                    return;
-                }
-                Err(e) => {
-                    let err = unavailable(Op::Renew, e);
-                    tracing::warn!(gate = %keys.gate, error = %err, "lease renewal failed");
-                    self.hooks.on_error(Op::Renew, &err);
-                }
-            }
-        }
-    }
-
     /// Returns the slot; `abandoned` when the caller never saw the admission.
     ///
     /// Retried with backoff while Redis is unavailable, for as long as the
@@ -744,6 +666,7 @@ impl Shared {
                         .arg(self.lease_ttl_us);
                 })
                 .await;
+            self.circuit.observe(&released);
             let Err(e) = released else { return };
             let err = unavailable(Op::Release, e);
             if backoff == Duration::from_millis(50) {
@@ -764,11 +687,8 @@ impl Shared {
         if hold_us == 0 {
             return Ok(());
         }
-        if self.circuit_open() {
-            return Err(Error::unavailable(
-                Op::Penalize,
-                "Redis failed to answer moments ago; it is asked again once a second",
-            ));
+        if self.circuit.open() {
+            return Err(circuit_open(Op::Penalize));
         }
         let keys = RedisKeys::new(&self.prefix, &self.scope, &host);
         let result = PENALIZE
@@ -776,6 +696,7 @@ impl Shared {
                 cmd.arg(hold_us);
             })
             .await;
+        self.circuit.observe(&result);
         match result {
             Ok(_) => {
                 tracing::debug!(host = %host, hold_us, "host penalized");
