@@ -90,6 +90,16 @@ impl<P: Limiter> FallbackLimiter<P> {
     }
 }
 
+/// Records `local`'s request as leaving now, after waiting (at most one
+/// `min_delay`) if another request of this process left too recently: an
+/// admission by the primary that came back and one made in-process during
+/// its absence could otherwise fall together.
+async fn leave(local: &mut Permit) {
+    while let Err(at) = local.try_send(Instant::now()) {
+        tokio::time::sleep_until(at).await;
+    }
+}
+
 /// An in-process admission awaiting the primary's decision; abandoned
 /// (taken back) unless taken out.
 struct Provisional(Option<Permit>);
@@ -131,7 +141,7 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                     // keeps this process's own spacing whoever admits it.
                     let mut local = local.0.take();
                     if let Some(local) = &mut local {
-                        local.sent(Instant::now());
+                        leave(local).await;
                     }
                     let waited = report.finish(WaitOutcome::Acquired);
                     Ok(Permit::new(host, waited, move || {
@@ -155,11 +165,12 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                     // queue again for a real admission, which waits for the
                     // gap from the latest send this process made.
                     drop(local);
-                    let local = self
+                    let mut local = self
                         .fallback
                         .acquire_host(engine, host.clone(), deadline)
                         .await
                         .map_err(|e| report.fail(e))?;
+                    leave(&mut local).await;
                     let waited = report.finish(WaitOutcome::Acquired);
                     Ok(Permit::new(host, waited, move || drop(local)))
                 }

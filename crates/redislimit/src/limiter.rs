@@ -107,7 +107,7 @@ macro_rules! forward_limiter {
 forward_limiter!(Arc<L>, Box<L>, &L);
 
 type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
-type SentFn = Box<dyn FnOnce(Instant) + Send + Sync>;
+type SentFn = Box<dyn Fn(Instant) -> Result<(), Instant> + Send + Sync>;
 
 /// The right to send one request to one host.
 ///
@@ -149,22 +149,30 @@ impl Permit {
         self
     }
 
-    /// What [`sent`](Self::sent) runs: moving the admission's record to
-    /// the instant the request really left.
-    pub(crate) fn on_sent(mut self, sent: impl FnOnce(Instant) + Send + Sync + 'static) -> Self {
+    /// What [`try_send`](Self::try_send) runs: recording the instant the
+    /// request leaves, or saying how long it must still wait.
+    pub(crate) fn on_sent(
+        mut self,
+        sent: impl Fn(Instant) -> Result<(), Instant> + Send + Sync + 'static,
+    ) -> Self {
         self.sent = Some(Box::new(sent));
         self
     }
 
-    /// Records that the request left at `at`, later than it was admitted:
-    /// the gap and the quota count from `at` from now on. A sent request
-    /// can no longer be taken back, so [`abandon`](Self::abandon) becomes a
-    /// release.
-    pub(crate) fn sent(&mut self, at: Instant) {
-        if let Some(sent) = self.sent.take() {
-            self.abandon = None;
-            sent(at);
-        }
+    /// Records that the request leaves at `at` (no earlier than it was
+    /// admitted), so the gap and the quota count from `at`; or, when
+    /// another request of this limiter was sent too recently for that,
+    /// refuses with the instant from which it may leave. Once recorded, a
+    /// sent request can no longer be taken back, so
+    /// [`abandon`](Self::abandon) becomes a release.
+    pub(crate) fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
+        let Some(sent) = &self.sent else {
+            return Ok(());
+        };
+        sent(at)?;
+        self.sent = None;
+        self.abandon = None;
+        Ok(())
     }
 
     /// The host this permit admits a request to.

@@ -262,3 +262,47 @@ async fn moving_back_to_the_shared_limiter_keeps_the_local_gap() {
     assert_eq!(sends.len(), 10);
     assert_spaced(&sends, gap);
 }
+
+/// Regression (recovery): an acquire admitted in-process before another
+/// one failed over, and then admitted by the primary that came back, was
+/// sent right after the failed-over one.
+#[tokio::test(start_paused = true)]
+async fn admissions_by_both_paths_do_not_fall_together() {
+    let gap = 100 * MS;
+    let local = Pacing::builder()
+        .max_concurrent(4)
+        .min_delay(gap)
+        .spacing(Spacing::Sends)
+        .build()
+        .unwrap();
+    let primary = Switch::new(
+        Pacing::builder().max_concurrent(4).build().unwrap(),
+        150 * MS,
+    );
+    let l = FallbackLimiter::new(primary.clone(), DomainLimiter::new(local));
+    let t0 = Instant::now();
+    // The shared side holds the host until 250 ms, and is down at first.
+    primary.penalize_host(host(), 250 * MS).await.unwrap();
+    primary.set_down(true);
+    let first = {
+        let l = l.clone();
+        tokio::spawn(async move {
+            let p = l.acquire_host("t", host(), None).await.unwrap();
+            (Instant::now(), p)
+        })
+    };
+    tokio::time::sleep(50 * MS).await;
+    primary.set_down(false);
+    // Admitted in-process at 100 ms, then by the shared side at 250 ms.
+    let second = l.acquire_host("t", host(), None).await.unwrap();
+    let second_at = Instant::now();
+    let (first_at, first) = first.await.unwrap();
+    // The first failed over at 150 ms and was sent in-process at 200 ms.
+    assert_eq!(first_at - t0, 200 * MS);
+    assert!(
+        second_at - first_at >= gap,
+        "sent {:?} after the failed-over request",
+        second_at - first_at
+    );
+    drop((first, second));
+}

@@ -36,6 +36,9 @@ pub(crate) struct HostState {
     admissions: VecDeque<Instant>,
     /// Counts changes, so an undo knows whether its admission was the last.
     epoch: u64,
+    /// No request recorded as sent ([`try_send`](Self::try_send)) may leave
+    /// before this: the latest recorded send + `min_delay`.
+    sent_gap_until: Instant,
 }
 
 /// What an admission changed, so that it can be taken back.
@@ -53,6 +56,7 @@ impl HostState {
             ready_at: now,
             admissions: VecDeque::new(),
             epoch: 0,
+            sent_gap_until: now,
         }
     }
 
@@ -135,18 +139,30 @@ impl HostState {
         self.epoch = self.epoch.wrapping_add(1);
     }
 
-    /// Records that the request `admission` admitted left at `at` (no
+    /// Records that the request `admission` admitted leaves at `at` (no
     /// earlier than it was admitted): the next send waits `min_delay` from
     /// `at`, and the quota counts the admission at `at`. Moving a record
     /// later is always safe; it keeps a process that was admitted early and
     /// sent late (after waiting on a shared limiter) from following its own
-    /// send too closely.
-    pub(crate) fn sent(&mut self, admission: &Admission, at: Instant, pacing: &Pacing) {
+    /// send too closely. Refused, with the instant from which it may be
+    /// sent, when another recorded send was less than `min_delay` before
+    /// `at`: two admissions made by different paths (one in-process, one by
+    /// a shared limiter that just came back) must not leave together.
+    pub(crate) fn try_send(
+        &mut self,
+        admission: &Admission,
+        at: Instant,
+        pacing: &Pacing,
+    ) -> Result<(), Instant> {
+        if at < self.sent_gap_until {
+            return Err(self.sent_gap_until);
+        }
         self.epoch = self.epoch.wrapping_add(1);
-        self.ready_at = self.ready_at.max(after(at, pacing.min_delay()));
+        self.sent_gap_until = after(at, pacing.min_delay());
+        self.ready_at = self.ready_at.max(self.sent_gap_until);
         let quota = pacing.quota() as usize;
         if quota == 0 || at <= admission.at {
-            return;
+            return Ok(());
         }
         if let Some(i) = self.admissions.iter().rposition(|&t| t == admission.at) {
             self.admissions.remove(i);
@@ -157,6 +173,7 @@ impl HostState {
         while self.admissions.len() > quota {
             self.admissions.pop_front();
         }
+        Ok(())
     }
 
     /// Records a completion at `now`: unless the pacing spaces sends only,
@@ -258,7 +275,7 @@ mod tests {
         let a = s.admit(t0, &p);
         s.admit(t0 + 100 * MS, &p);
         // The first request really left at 700 ms.
-        s.sent(&a, t0 + 700 * MS, &p);
+        assert_eq!(s.try_send(&a, t0 + 700 * MS, &p), Ok(()));
         assert_eq!(
             s.decide(t0 + 700 * MS, &p),
             Decision::WaitUntil(t0 + 1100 * MS),
@@ -272,11 +289,15 @@ mod tests {
         let p = pacing(4, 100, 0, 0);
         let mut s = HostState::new(t0);
         let a = s.admit(t0, &p);
-        s.sent(&a, t0 + 500 * MS, &p);
+        let b = s.admit(t0 + 100 * MS, &p);
+        assert_eq!(s.try_send(&a, t0 + 500 * MS, &p), Ok(()));
         assert_eq!(
             s.decide(t0 + 550 * MS, &p),
             Decision::WaitUntil(t0 + 600 * MS)
         );
+        // Another admission may not leave within min_delay of that send.
+        assert_eq!(s.try_send(&b, t0 + 550 * MS, &p), Err(t0 + 600 * MS));
+        assert_eq!(s.try_send(&b, t0 + 600 * MS, &p), Ok(()));
     }
 
     #[test]

@@ -291,14 +291,16 @@ impl Inner {
         let (key, undo_key, sent_key) = (host.clone(), host.clone(), host.clone());
         Permit::new(host, waited, move || inner.release(&key))
             .on_abandon(move || undo.undo(&undo_key, &admission))
-            .on_sent(move |at| sent.sent(&sent_key, &admission, at))
+            .on_sent(move |at| sent.try_send(&sent_key, &admission, at))
     }
 
-    /// Moves an admission's record to the instant its request really left.
-    fn sent(&self, host: &HostKey, admission: &Admission, at: Instant) {
+    /// Records that an admission's request leaves at `at`, unless another
+    /// one left too recently; see [`HostState::try_send`].
+    fn try_send(&self, host: &HostKey, admission: &Admission, at: Instant) -> Result<(), Instant> {
         let mut guard = lock(self.shard(host));
-        if let Some(entry) = guard.hosts.get_mut(host) {
-            entry.state.sent(admission, at, &self.pacing);
+        match guard.hosts.get_mut(host) {
+            Some(entry) => entry.state.try_send(admission, at, &self.pacing),
+            None => Ok(()),
         }
     }
 
