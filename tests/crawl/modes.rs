@@ -147,3 +147,40 @@ async fn replicas_share_a_quota_through_a_cluster() {
     let args = cluster_args(&cluster);
     quota_across(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
 }
+
+/// A crawl replica whose settings differ from those its scope paces with
+/// exits 2 before sending anything, and prints both configurations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_other_settings_refuses_to_start() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let first = spawn(
+        dir.path(),
+        0,
+        &upstream,
+        &urls(&upstream, &["a.test"], 2, "/first"),
+        &["--redis", &server.url(), "--min-delay", "2s"],
+    );
+    finish(vec![first]).await;
+    let sent = upstream.arrivals();
+    let other = spawn(
+        dir.path(),
+        1,
+        &upstream,
+        &urls(&upstream, &["a.test"], 2, "/other"),
+        &["--redis", &server.url(), "--min-delay", "100ms"],
+    );
+    let output = other.child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("min_delay=100ms") && stderr.contains("min_delay=2s"),
+        "both configurations must be named: {stderr}"
+    );
+    assert_eq!(
+        upstream.arrivals(),
+        sent,
+        "the refused replica sent requests"
+    );
+}

@@ -45,7 +45,8 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
         let l = limiter(
             standalone(&server.url()),
             |p| p.min_delay(MS).quota(10).window(1000 * MS),
-            |b| b.cluster_concurrency(cap),
+            // One key space per mode: replicas of one scope must agree.
+            |b| b.cluster_concurrency(cap).prefix(format!("cap{cap}")),
         );
         // Warm up: the connection is made and the script cached.
         drop(l.acquire_host("t", host("warm.test"), None).await.unwrap());

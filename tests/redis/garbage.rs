@@ -12,7 +12,8 @@ async fn garbage_in_the_keys_is_an_unavailable_error() {
         let l = limiter(
             standalone(&server.url()),
             |p| p.min_delay(10 * MS).quota(5).window(1000 * MS),
-            |b| b.cluster_concurrency(cap),
+            // One key space per mode: replicas of one scope must agree.
+            |b| b.cluster_concurrency(cap).prefix(format!("cap{cap}")),
         );
         let keys = l.keys(&host("a.test"));
         let corruptions: Vec<Vec<&str>> = vec![

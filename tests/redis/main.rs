@@ -3,6 +3,7 @@
 //! Sentinel deployments, with crashed replicas, dead, frozen and failed-over
 //! servers, and garbage in the keys.
 
+mod agreement;
 mod circuit;
 mod cost;
 mod faults;

@@ -183,7 +183,8 @@ async fn cluster_keeps_quota_penalty_and_cancellation() {
     let serialized = limiter(
         cluster_pool(&cluster),
         |p| p,
-        |b| b.lease_ttl(Duration::from_secs(30)),
+        // Other settings than the replicas above: another key space.
+        |b| b.lease_ttl(Duration::from_secs(30)).prefix("serialized"),
     );
     for _ in 0..20 {
         let _ = tokio::time::timeout(

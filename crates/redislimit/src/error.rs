@@ -53,6 +53,25 @@ pub enum Error {
     /// The pacing configuration was refused at construction.
     #[error(transparent)]
     InvalidConfig(#[from] ConfigError),
+
+    /// Replicas sharing one scope disagree on the settings that decide
+    /// admission; this one is refused so that the scope keeps one limit.
+    /// Nothing was admitted. Once the replicas with the other settings
+    /// have been idle long enough for the scope's record to expire (its
+    /// longest window, at least `lease_ttl` + `min_delay`, plus a second),
+    /// the next replica to acquire records its own settings.
+    #[error(
+        "the replicas of scope {scope:?} pace with other settings: this one has \
+         [{ours}], the scope has [{theirs}]"
+    )]
+    ConfigMismatch {
+        /// The scope (with its key prefix) whose record disagreed.
+        scope: String,
+        /// This limiter's settings, as recorded.
+        ours: String,
+        /// The settings recorded in the scope by another replica.
+        theirs: String,
+    },
 }
 
 impl Error {

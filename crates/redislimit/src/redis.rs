@@ -1,5 +1,6 @@
 //! The Redis-backed limiter: pacing state shared by every replica.
 
+mod agreement;
 mod circuit;
 mod keys;
 mod limiter;

@@ -153,6 +153,8 @@ impl Args {
             .lease_ttl(self.lease_ttl)
             .build()?;
         limiter.ping().await.context("Redis is unreachable")?;
+        // Refuse to start beside replicas that pace this scope otherwise.
+        limiter.check_config().await?;
         Ok(Arc::new(limiter.with_fallback()))
     }
 

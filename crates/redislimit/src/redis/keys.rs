@@ -37,16 +37,7 @@ pub struct RedisKeys {
 impl RedisKeys {
     /// The keys of `host` in `scope` under `prefix`.
     pub fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
-        let mut digest = Sha256::new();
-        for part in [prefix, scope, host.as_str()] {
-            digest.update((part.len() as u64).to_be_bytes());
-            digest.update(part.as_bytes());
-        }
-        let digest = digest.finalize();
-        let mut tag = String::with_capacity(32);
-        for byte in &digest[..16] {
-            tag.push_str(&format!("{byte:02x}"));
-        }
+        let tag = tag(&[prefix, scope, host.as_str()]);
         let base = format!("{prefix}:{scope}:{{{tag}}}");
         Self {
             gate: format!("{base}:gate"),
@@ -56,10 +47,33 @@ impl RedisKeys {
         }
     }
 
+    /// The key recording the settings every replica of `scope` under
+    /// `prefix` admits with (see `RedisLimiter::check_config`): a STRING,
+    /// under a hash tag of its own that no host's tag can equal.
+    pub fn config(prefix: &str, scope: &str) -> String {
+        format!("{prefix}:{scope}:{{{}}}:config", tag(&[prefix, scope]))
+    }
+
     /// The keys in the order the scripts take them.
     pub(crate) fn all(&self) -> [&str; 4] {
         [&self.gate, &self.leases, &self.admits, &self.void]
     }
+}
+
+/// The first 128 bits of SHA-256 over the length-prefixed `parts`, in hex:
+/// different lists of parts never give the same input.
+fn tag(parts: &[&str]) -> String {
+    let mut digest = Sha256::new();
+    for part in parts {
+        digest.update((part.len() as u64).to_be_bytes());
+        digest.update(part.as_bytes());
+    }
+    let digest = digest.finalize();
+    let mut tag = String::with_capacity(32);
+    for byte in &digest[..16] {
+        tag.push_str(&format!("{byte:02x}"));
+    }
+    tag
 }
 
 /// Refuses a prefix or scope that could break the key layout: empty, longer

@@ -10,6 +10,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::agreement::Agreement;
 use super::circuit::Circuit;
 use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
@@ -71,6 +72,23 @@ use crate::{
 /// Set it to a few times the time a Redis round trip can take in a bad
 /// moment, and no longer than you can afford a host to sit idle after a
 /// crash: 10-30 s suits most crawlers.
+///
+/// # Configuration agreement
+///
+/// Replicas that share a scope must admit with the same settings, or the
+/// scope has no one limit: the first replica to acquire records the
+/// settings that decide admission (the mode and `cluster_concurrency`,
+/// `min_delay`, `quota` and `window`, `lease_ttl`) in the scope, and a
+/// replica whose settings differ is refused with [`Error::ConfigMismatch`],
+/// which names both, at its first acquire or at
+/// [`check_config`](Self::check_config). The record expires once the
+/// replicas with its settings have been idle for the scope's longest window
+/// (the quota window, or `lease_ttl` + `min_delay`) plus a second, so a
+/// rollout that drains the old replicas first registers the new settings.
+/// Settings that shape one process only (timeouts, hooks, the in-process
+/// `max_concurrent`, jitter, the fallback) are not compared. The cost is
+/// one round trip per replica when the record is first seen and then once
+/// per half of its lifetime, not one per admission.
 ///
 /// # Timeouts
 ///
@@ -137,6 +155,8 @@ pub(super) struct Shared {
     pub(super) released: Notify,
     /// Whether Redis is skipped for now after it failed to answer.
     pub(super) circuit: Circuit,
+    /// This limiter's part in its scope's configuration record.
+    pub(super) agreement: Agreement,
     /// Script arguments, in microseconds.
     pub(super) min_delay_us: u64,
     pub(super) lease_ttl_us: u64,
@@ -269,6 +289,13 @@ impl RedisLimiterBuilder {
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
                 circuit: Circuit::new(),
+                agreement: Agreement::new(
+                    &self.prefix,
+                    &self.scope,
+                    &self.pacing,
+                    self.cluster_concurrency,
+                    self.lease_ttl,
+                ),
                 redis: Connections::new(self.pool),
                 prefix: self.prefix,
                 scope: self.scope,
@@ -360,6 +387,23 @@ impl RedisLimiter {
             .await;
         self.shared.circuit.observe(&pong);
         pong.map(drop).map_err(|e| unavailable(Op::Ping, e))
+    }
+
+    /// Checks now that the scope admits with this limiter's settings (see
+    /// "Configuration agreement" on [`RedisLimiter`]), recording them when
+    /// the scope has none: [`Error::ConfigMismatch`] names both
+    /// configurations when another replica's settings hold the scope, and
+    /// [`Error::Unavailable`] says Redis could not be asked. A program calls
+    /// it before sending anything, to refuse to start instead of failing
+    /// its first request.
+    pub async fn check_config(&self) -> Result<(), Error> {
+        self.shared.agree(true).await
+    }
+
+    /// The settings this limiter records for its scope and compares with
+    /// the other replicas' (see [`check_config`](Self::check_config)).
+    pub fn config_record(&self) -> &str {
+        self.shared.agreement.settings()
     }
 
     /// Puts this limiter on top of in-process pacing with
@@ -473,6 +517,25 @@ impl Shared {
         if self.circuit.waiting() {
             report.abandon();
             return Err(circuit_open(Op::Acquire));
+        }
+        // Bounded like an acquire's own call: a caller's deadline that runs
+        // out is a blown budget, not a Redis failure.
+        let agreed = match deadline {
+            Some(deadline) => {
+                let bound = deadline.max(after(start, CALL_GRACE));
+                match tokio::time::timeout_at(bound, self.agree(false)).await {
+                    Ok(agreed) => agreed,
+                    Err(_) => {
+                        let now = Instant::now();
+                        return Err(report.over_budget(now, deadline, now));
+                    }
+                }
+            }
+            None => self.agree(false).await,
+        };
+        if let Err(err) = agreed {
+            report.abandon();
+            return Err(err);
         }
         let local = self
             .local

@@ -1,0 +1,147 @@
+//! Configuration agreement: every replica of a scope admits with the same
+//! settings, or the ones that differ are refused.
+//!
+//! Replicas that share a scope but not their settings would each apply
+//! their own to the same Redis state: a `min_delay` of 2 s beside one of
+//! 100 ms gives gaps that alternate between the two, and a cap of 1 beside
+//! a cap of 3 lets 3 requests fly while every replica believes in 1. So the
+//! first replica to acquire records, per scope, the settings that decide
+//! admission; a replica whose settings differ gets
+//! [`Error::ConfigMismatch`](crate::Error::ConfigMismatch) naming both, at
+//! its first acquire or at [`RedisLimiter::check_config`](super::RedisLimiter::check_config).
+//!
+//! The record expires once no replica with its settings has acquired for
+//! longer than the scope's longest window (the quota window, or `lease_ttl`
+//! plus `min_delay`), plus a second: by then no state it shaped is left,
+//! and a rollout that has drained its old replicas registers the new
+//! settings. Each replica re-confirms the record on an acquire once half of
+//! that has passed since it last did, so the cost is one extra round trip
+//! per replica per half-life, not one per admission.
+//!
+//! What is compared: the mode and `cluster_concurrency`, `min_delay` (and
+//! with it the spacing the mode implies), `quota` and `window`, and
+//! `lease_ttl`. What shapes only one process is not: timeouts, hooks, the
+//! in-process `max_concurrent`, jitter, retry intervals, the fallback. The
+//! record is a line of `name=value` fields; a field added later is written
+//! only when it differs from its default, so replicas that do not use a
+//! new setting keep agreeing with those that do not know it.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use deadpool_redis::redis::Cmd;
+use tokio::time::Instant;
+
+use super::keys::RedisKeys;
+use super::limiter::{Shared, unavailable};
+use super::script::AGREE;
+use crate::pacing::after;
+use crate::{Error, Op, Pacing};
+
+/// One limiter's part in its scope's agreement.
+#[derive(Debug)]
+pub(super) struct Agreement {
+    key: String,
+    /// This limiter's settings, as recorded.
+    settings: String,
+    /// How long the record outlives the last replica that confirmed it.
+    ttl: Duration,
+    /// When this limiter last saw the record hold its settings.
+    confirmed: Mutex<Option<Instant>>,
+}
+
+impl Agreement {
+    pub(super) fn new(
+        prefix: &str,
+        scope: &str,
+        pacing: &Pacing,
+        cluster_concurrency: u32,
+        lease_ttl: Duration,
+    ) -> Self {
+        let mode = if cluster_concurrency == 0 {
+            "serialized".to_owned()
+        } else {
+            format!("lease cluster_concurrency={cluster_concurrency}")
+        };
+        let quota = if pacing.quota() == 0 {
+            "off".to_owned()
+        } else {
+            format!("{}/{:?}", pacing.quota(), pacing.window())
+        };
+        let settings = format!(
+            "mode={mode} min_delay={:?} quota={quota} lease_ttl={lease_ttl:?}",
+            pacing.min_delay()
+        );
+        let longest = pacing
+            .window()
+            .max(lease_ttl.saturating_add(pacing.min_delay()));
+        Self {
+            key: RedisKeys::config(prefix, scope),
+            settings,
+            ttl: longest.saturating_add(Duration::from_secs(1)),
+            confirmed: Mutex::new(None),
+        }
+    }
+
+    /// This limiter's settings as the record describes them.
+    pub(super) fn settings(&self) -> &str {
+        &self.settings
+    }
+
+    /// Whether the record was confirmed recently enough to trust it.
+    fn fresh(&self, now: Instant) -> bool {
+        let confirmed = *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        confirmed.is_some_and(|at| now < after(at, self.ttl / 2))
+    }
+
+    fn confirm(&self, at: Instant) {
+        *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+    }
+}
+
+impl Shared {
+    /// Makes sure the scope admits with this limiter's settings: from the
+    /// last confirmation while it is fresh, from Redis otherwise (or when
+    /// `force`d).
+    pub(super) async fn agree(&self, force: bool) -> Result<(), Error> {
+        let asked = Instant::now();
+        if !force && self.agreement.fresh(asked) {
+            return Ok(());
+        }
+        let a = &self.agreement;
+        let ttl_us = a.ttl.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
+        let reply = AGREE
+            .run::<Vec<String>>(&self.redis, &[a.key.as_str()], |cmd: &mut Cmd| {
+                cmd.arg(&a.settings).arg(ttl_us);
+            })
+            .await;
+        self.circuit.observe(&reply);
+        let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
+        match reply.as_slice() {
+            [ok] if ok == "1" => {
+                a.confirm(asked);
+                Ok(())
+            }
+            [no, theirs] if no == "0" => {
+                let err = Error::ConfigMismatch {
+                    scope: format!("{}:{}", self.prefix, self.scope),
+                    ours: a.settings.clone(),
+                    theirs: theirs.clone(),
+                };
+                tracing::error!(error = %err, "configuration mismatch");
+                self.hooks.on_error(Op::Acquire, &err);
+                Err(err)
+            }
+            _ => Err(Error::unavailable(
+                Op::Acquire,
+                format!("unexpected reply from the agreement script: {reply:?}"),
+            )),
+        }
+    }
+}
