@@ -159,6 +159,17 @@ async fn send_all<L: Limiter + Clone + 'static>(
     sends
 }
 
+/// Lease-mode pacing: at most `max` in flight, sends `gap` apart
+/// (completions move nothing).
+fn sends_apart(max: u32, gap: Duration) -> Pacing {
+    Pacing::builder()
+        .max_concurrent(max)
+        .min_delay(gap)
+        .spacing(Spacing::Sends)
+        .build()
+        .unwrap()
+}
+
 fn assert_spaced(sends: &[Instant], gap: Duration) {
     for pair in sends.windows(2) {
         assert!(
@@ -176,20 +187,10 @@ fn assert_spaced(sends: &[Instant], gap: Duration) {
 #[tokio::test(start_paused = true)]
 async fn acquires_failing_over_together_keep_the_local_gap() {
     let gap = 100 * MS;
-    let local = Pacing::builder()
-        .max_concurrent(4)
-        .min_delay(gap)
-        .spacing(Spacing::Sends)
-        .build()
-        .unwrap();
+    let local = sends_apart(4, gap);
     // The shared side is four times slower than this process's own pace
     // (other replicas take their share), so local admissions run ahead.
-    let shared = Pacing::builder()
-        .max_concurrent(4)
-        .min_delay(4 * gap)
-        .spacing(Spacing::Sends)
-        .build()
-        .unwrap();
+    let shared = sends_apart(4, 4 * gap);
     let primary = Switch::new(shared, 500 * MS);
     let l = FallbackLimiter::new(primary.clone(), DomainLimiter::new(local));
     let crawl = {
@@ -212,12 +213,7 @@ async fn acquires_failing_over_together_keep_the_local_gap() {
 #[tokio::test(start_paused = true)]
 async fn a_late_shared_admission_counts_as_the_last_send() {
     let gap = 100 * MS;
-    // Lease mode: the gap counts from sends only.
-    let local = Pacing::builder()
-        .min_delay(gap)
-        .spacing(Spacing::Sends)
-        .build()
-        .unwrap();
+    let local = sends_apart(1, gap);
     let primary = Switch::new(Pacing::default(), Duration::ZERO);
     let l = FallbackLimiter::new(primary.clone(), DomainLimiter::new(local));
     // The shared side holds the host for 300 ms (another replica's turn).
@@ -240,12 +236,7 @@ async fn a_late_shared_admission_counts_as_the_last_send() {
 #[tokio::test(start_paused = true)]
 async fn moving_back_to_the_shared_limiter_keeps_the_local_gap() {
     let gap = 100 * MS;
-    let local = Pacing::builder()
-        .max_concurrent(4)
-        .min_delay(gap)
-        .spacing(Spacing::Sends)
-        .build()
-        .unwrap();
+    let local = sends_apart(4, gap);
     let primary = Switch::new(
         Pacing::builder().max_concurrent(4).build().unwrap(),
         200 * MS,
@@ -269,12 +260,7 @@ async fn moving_back_to_the_shared_limiter_keeps_the_local_gap() {
 #[tokio::test(start_paused = true)]
 async fn admissions_by_both_paths_do_not_fall_together() {
     let gap = 100 * MS;
-    let local = Pacing::builder()
-        .max_concurrent(4)
-        .min_delay(gap)
-        .spacing(Spacing::Sends)
-        .build()
-        .unwrap();
+    let local = sends_apart(4, gap);
     let primary = Switch::new(
         Pacing::builder().max_concurrent(4).build().unwrap(),
         150 * MS,
