@@ -534,6 +534,11 @@ impl Shared {
             None => self.agree(false).await,
         };
         if let Err(err) = agreed {
+            // A mismatch was reported where it was found.
+            if err.is_unavailable() {
+                self.hooks.on_error(Op::Acquire, &err);
+                tracing::warn!(host = %host, error = %err, "acquire failed");
+            }
             report.abandon();
             return Err(err);
         }
