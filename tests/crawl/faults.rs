@@ -16,22 +16,37 @@ const ARRIVAL_SLACK: Duration = Duration::from_millis(5);
 
 /// No replica sent two requests to one host closer than `gap` (less the
 /// arrival slack). Returns how many (replica, host) pairs were checked.
-fn assert_each_replica_spaced(seen: &[Request], gap: Duration) -> usize {
-    let mut by_sender: BTreeMap<(usize, &str), Vec<Instant>> = BTreeMap::new();
+/// `report` (the replicas' report lines) and `fault` (when Redis was hit)
+/// only make a failure easier to read.
+fn assert_each_replica_spaced(
+    seen: &[Request],
+    gap: Duration,
+    report: &[serde_json::Value],
+    fault: Instant,
+) -> usize {
+    let stamped: BTreeMap<String, u64> = report
+        .iter()
+        .filter_map(|line| {
+            let url = url::Url::parse(line["url"].as_str()?).ok()?;
+            let path = format!("{}?{}", url.path(), url.query().unwrap_or(""));
+            Some((path, line["start_ms"].as_u64()?))
+        })
+        .collect();
+    let mut by_sender: BTreeMap<(usize, &str), Vec<&Request>> = BTreeMap::new();
     for r in seen {
-        by_sender
-            .entry((r.replica, &r.host))
-            .or_default()
-            .push(r.send);
+        by_sender.entry((r.replica, &r.host)).or_default().push(r);
     }
     for ((replica, host), sends) in &mut by_sender {
-        sends.sort();
+        sends.sort_by_key(|r| r.send);
         for pair in sends.windows(2) {
-            let apart = pair[1] - pair[0];
+            let apart = pair[1].send - pair[0].send;
+            let stamps = (stamped.get(&pair[0].path), stamped.get(&pair[1].path));
             assert!(
                 apart + ARRIVAL_SLACK >= gap,
                 "replica {replica} sent two requests to {host} {apart:?} apart, \
-                 its min_delay is {gap:?}"
+                 its min_delay is {gap:?}; the second arrived {:?} after the fault; \
+                 the crawl stamped them (epoch ms) {stamps:?}",
+                pair[1].send.saturating_duration_since(fault)
             );
         }
     }
@@ -91,16 +106,19 @@ async fn crawl_through(fault: impl FnOnce(&RedisServer), heal: impl FnOnce(&Redi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_crawl_loses_nothing_and_sharing_resumes() {
+    let _turn = crate::one_at_a_time().await;
     crawl_through(RedisServer::kill, RedisServer::restart).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_frozen_mid_crawl_loses_nothing_and_sharing_resumes() {
+    let _turn = crate::one_at_a_time().await;
     crawl_through(RedisServer::pause, RedisServer::resume).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_request_frees_its_slot_after_the_lease() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let dir = tempdir();
@@ -149,6 +167,7 @@ async fn a_replica_killed_mid_request_frees_its_slot_after_the_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_with_retry_after_holds_the_host_on_every_replica() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let dir = tempdir();
@@ -200,6 +219,7 @@ async fn a_429_with_retry_after_holds_the_host_on_every_replica() {
 /// after the outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_keep_their_gap_across_a_frozen_redis() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let dir = tempdir();
@@ -222,7 +242,7 @@ async fn four_replicas_keep_their_gap_across_a_frozen_redis() {
     tokio::time::sleep(Duration::from_millis(2000)).await;
     server.resume();
     let resumed = Instant::now();
-    finish(replicas).await;
+    let report = finish(replicas).await;
 
     let seen = upstream.recorder().all();
     assert_eq!(seen.len(), list.len());
@@ -232,7 +252,10 @@ async fn four_replicas_keep_their_gap_across_a_frozen_redis() {
         outage.count() >= 20 && after.count() >= 20,
         "the crawl did not span the outage and the recovery"
     );
-    assert_eq!(assert_each_replica_spaced(&seen, gap), 4 * HOSTS.len());
+    assert_eq!(
+        assert_each_replica_spaced(&seen, gap, &report, frozen),
+        4 * HOSTS.len()
+    );
 }
 
 /// Regression: one replica with eight requests in flight burst to each host
@@ -240,6 +263,7 @@ async fn four_replicas_keep_their_gap_across_a_frozen_redis() {
 /// when it came back. Ten tries, each freezing Redis mid-crawl and resuming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_keeps_its_gap_across_a_freeze_and_a_resume() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let gap = 80 * MS;
     for attempt in 0..10 {
@@ -261,12 +285,17 @@ async fn one_replica_keeps_its_gap_across_a_freeze_and_a_resume() {
         ];
         let replica = spawn(dir.path(), 0, &upstream, &list, &args);
         tokio::time::sleep(Duration::from_millis(400)).await;
+        let frozen = Instant::now();
         server.pause();
         tokio::time::sleep(Duration::from_millis(900)).await;
         server.resume();
-        finish(vec![replica]).await;
+        let report = finish(vec![replica]).await;
         let seen = upstream.recorder().all();
         assert_eq!(seen.len(), list.len(), "try {attempt}");
-        assert_eq!(assert_each_replica_spaced(&seen, gap), 2, "try {attempt}");
+        assert_eq!(
+            assert_each_replica_spaced(&seen, gap, &report, frozen),
+            2,
+            "try {attempt}"
+        );
     }
 }

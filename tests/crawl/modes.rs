@@ -10,6 +10,7 @@ use crate::{HOSTS, MS, SLACK, finish, spawn, spawn_all, tempdir, urls};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_paces_in_process() {
+    let _turn = crate::one_at_a_time().await;
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let list = urls(&upstream, &HOSTS, 5, "/slow?chunks=2&every=20");
@@ -74,12 +75,14 @@ async fn lease_across(redis: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_serialized_pace_through_redis() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     serialized_across(&["--redis", &server.url()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_lease_cap_through_redis() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     lease_across(&["--redis", &server.url()]).await;
 }
@@ -94,6 +97,7 @@ fn cluster_args(cluster: &RedisCluster) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_serialized_pace_through_a_cluster() {
+    let _turn = crate::one_at_a_time().await;
     let cluster = RedisCluster::start();
     let args = cluster_args(&cluster);
     serialized_across(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
@@ -101,6 +105,7 @@ async fn replicas_share_a_serialized_pace_through_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_lease_cap_through_a_cluster() {
+    let _turn = crate::one_at_a_time().await;
     let cluster = RedisCluster::start();
     let args = cluster_args(&cluster);
     lease_across(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
@@ -137,12 +142,14 @@ async fn quota_across(redis: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_quota_through_redis() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     quota_across(&["--redis", &server.url()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_quota_through_a_cluster() {
+    let _turn = crate::one_at_a_time().await;
     let cluster = RedisCluster::start();
     let args = cluster_args(&cluster);
     quota_across(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
@@ -152,6 +159,7 @@ async fn replicas_share_a_quota_through_a_cluster() {
 /// exits 2 before sending anything, and prints both configurations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_other_settings_refuses_to_start() {
+    let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let dir = tempdir();
