@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use self::args::{Args, parse_duration};
+pub use self::args::{Args, Fallback, parse_duration};
 pub use self::crawler::{Crawler, Fetched};
 pub use self::input::{Input, read_urls};
 pub use self::summary::{HostSummary, summarize};

@@ -6,6 +6,7 @@
 mod agreement;
 mod circuit;
 mod cost;
+mod degraded;
 mod faults;
 mod garbage;
 mod leases;

@@ -1,14 +1,17 @@
 //! `FallbackLimiter`: a shared limiter on top of in-process pacing that
 //! carries on alone while the shared one is unavailable.
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::hooks::WaitReport;
+use crate::pacing::after;
 use crate::{
-    BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Permit, WaitOutcome,
+    BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, WaitOutcome,
 };
 
 /// Paces every request through an in-process [`DomainLimiter`] first and
@@ -60,6 +63,90 @@ pub struct FallbackLimiter<P> {
     primary: P,
     fallback: DomainLimiter,
     hooks: Arc<dyn Hooks>,
+    /// How each host is served while the primary is unavailable; every
+    /// host alone, at the full in-process pacing, when unset.
+    outage: Option<Arc<dyn OutagePlan>>,
+    /// The pacing shares in use during the current outage.
+    shares: Arc<Shares>,
+}
+
+/// How this replica serves a host while the primary is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Alone, at the full in-process pacing.
+    Alone,
+    /// At its share of the pacing, `n` replicas dividing it; this one is
+    /// the `index`th of them (which slots of the shared pace it takes).
+    Share {
+        /// How many replicas divide the pacing.
+        n: u32,
+        /// Which of them this one is, `0..n`.
+        index: u32,
+    },
+    /// Not at all: another replica serves it until the primary is back.
+    Defer,
+}
+
+/// Decides, per host, how a replica carries on while its primary is
+/// unavailable (see `FallbackPolicy`).
+pub(crate) trait OutagePlan: Send + Sync + fmt::Debug {
+    /// The plan for `host` now.
+    fn plan(&self, host: &HostKey) -> Plan;
+}
+
+/// How long until the next slot of replica `index` of `n` taking turns in
+/// slots of `gap` (counted from the Unix epoch on the wall clock).
+fn until_turn(gap: Duration, n: u32, index: u32) -> Duration {
+    let slot = gap.as_micros();
+    let period = slot.saturating_mul(u128::from(n));
+    if period == 0 {
+        return Duration::ZERO;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let start = slot.saturating_mul(u128::from(index)) % period;
+    let since = (now % period + period - start) % period;
+    let wait = if since == 0 { 0 } else { period - since };
+    Duration::from_micros(u64::try_from(wait).unwrap_or(u64::MAX))
+}
+
+/// How soon a deferred acquire asks the primary again.
+const DEFER_RETRY: Duration = Duration::from_secs(1);
+
+/// The in-process limiter pacing this replica's share during an outage.
+#[derive(Debug, Default)]
+struct Shares {
+    /// Whether `current` holds anything (read on every admission).
+    active: AtomicBool,
+    /// The number of replicas dividing the pacing, when the outage was
+    /// first met, and the limiter applying the share.
+    current: Mutex<Option<(u32, Instant, DomainLimiter)>>,
+}
+
+impl Shares {
+    /// The limiter for `n` shares of `pacing`, and when the outage began.
+    fn get(&self, n: u32, pacing: &Pacing) -> (Instant, DomainLimiter) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((m, began, limiter)) = &*current
+            && *m == n
+        {
+            return (*began, limiter.clone());
+        }
+        let began = current.as_ref().map_or_else(Instant::now, |c| c.1);
+        let limiter = DomainLimiter::new(pacing.shared_by(n));
+        *current = Some((n, began, limiter.clone()));
+        self.active.store(true, Ordering::Release);
+        (began, limiter)
+    }
+
+    /// The primary answers again: the outage is over.
+    fn end(&self) {
+        if self.active.swap(false, Ordering::AcqRel) {
+            *self.current.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
 }
 
 impl<P: Limiter> FallbackLimiter<P> {
@@ -70,7 +157,63 @@ impl<P: Limiter> FallbackLimiter<P> {
             primary,
             fallback,
             hooks: Arc::new(NoHooks),
+            outage: None,
+            shares: Arc::default(),
         }
+    }
+
+    /// Serves each host as `plan` says while the primary is unavailable.
+    pub(crate) fn with_outage_plan(mut self, plan: Arc<dyn OutagePlan>) -> Self {
+        self.outage = Some(plan);
+        self
+    }
+
+    /// Admits `host` at this replica's share of the pacing, `n` replicas
+    /// dividing it: no send before the outage began + `min_delay` (another
+    /// replica's last admission through the primary may be that recent),
+    /// nor before this replica's own last send + `n` x `min_delay`, and then
+    /// `n` x `min_delay` apart, at most `quota / n` per window and
+    /// `max_concurrent / n` in flight.
+    ///
+    /// The replicas also take turns: time is cut into `min_delay` slots
+    /// (by the wall clock, which replicas share up to their clock offset)
+    /// and replica `index` sends only at the start of slots `index`,
+    /// `index + n`, ..., so their sends interleave instead of bunching, and
+    /// any interval holds no more sends than the shared pace allows.
+    async fn share(
+        &self,
+        n: u32,
+        index: u32,
+        engine: &str,
+        host: &HostKey,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Error> {
+        let pacing = self.fallback.pacing();
+        let (began, limiter) = self.shares.get(n, pacing);
+        let gap = pacing.min_delay();
+        let mut from = after(began, gap);
+        if let Some(last) = self.fallback.last_sent(host) {
+            from = from.max(after(last, gap.saturating_mul(n)));
+        }
+        let now = Instant::now();
+        if from > now {
+            limiter.penalize_host(host.clone(), from - now).await?;
+        }
+        let permit = limiter.acquire_host(engine, host.clone(), deadline).await?;
+        let turn = after(Instant::now(), until_turn(gap, n, index));
+        if let Some(deadline) = deadline
+            && turn > deadline
+        {
+            // Not sent: the share's admission is taken back.
+            permit.abandon();
+            return Err(Error::WaitBudget {
+                host: host.to_string(),
+                wait: turn.saturating_duration_since(Instant::now()),
+                remaining: deadline.saturating_duration_since(Instant::now()),
+            });
+        }
+        tokio::time::sleep_until(turn).await;
+        Ok(permit)
     }
 
     /// Reports every decision to `hooks`.
@@ -104,6 +247,13 @@ async fn leave(local: &mut Permit) {
 /// (taken back) unless taken out.
 struct Provisional(Option<Permit>);
 
+impl Provisional {
+    /// Confirms the admission: it is no longer taken back.
+    fn take(mut self) -> Option<Permit> {
+        self.0.take()
+    }
+}
+
 impl Drop for Provisional {
     fn drop(&mut self) {
         if let Some(permit) = self.0.take() {
@@ -121,60 +271,88 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
     ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
             let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
-            // Until the primary has decided, this admission is provisional:
-            // a refusal or a dropped future takes it back.
-            let mut local = Provisional(Some(
-                self.fallback
-                    .acquire_host(engine, host.clone(), deadline)
-                    .await
-                    .map_err(|e| report.fail(e))?,
-            ));
-            match self
-                .primary
-                .acquire_host(engine, host.clone(), deadline)
-                .await
-            {
-                Ok(shared) => {
-                    // The request leaves now, perhaps long after the local
-                    // admission (the primary may have made it wait): the
-                    // local gap and quota count from now, so the next send
-                    // keeps this process's own spacing whoever admits it.
-                    let mut local = local.0.take();
-                    if let Some(local) = &mut local {
-                        leave(local).await;
-                    }
-                    let waited = report.finish(WaitOutcome::Acquired);
-                    Ok(Permit::new(host, waited, move || {
-                        drop(shared);
-                        drop(local);
-                    }))
-                }
-                Err(err) if err.is_unavailable() => {
-                    // The primary may have taken the budget to fail.
-                    let now = Instant::now();
-                    if let Some(deadline) = deadline
-                        && now >= deadline
-                    {
-                        return Err(report.over_budget(now, deadline, now));
-                    }
-                    tracing::warn!(host = %host, error = %err, "pacing in-process: the shared limiter is unavailable");
-                    // The provisional admission was made before the wait on
-                    // the primary; sending on it now could follow this
-                    // process's last send too closely, and waiters that fail
-                    // over together would all go at once. Give it back and
-                    // queue again for a real admission, which waits for the
-                    // gap from the latest send this process made.
-                    drop(local);
-                    let mut local = self
-                        .fallback
+            loop {
+                // Until the primary has decided, this admission is
+                // provisional: a refusal or a dropped future takes it back.
+                let local = Provisional(Some(
+                    self.fallback
                         .acquire_host(engine, host.clone(), deadline)
                         .await
-                        .map_err(|e| report.fail(e))?;
-                    leave(&mut local).await;
-                    let waited = report.finish(WaitOutcome::Acquired);
-                    Ok(Permit::new(host, waited, move || drop(local)))
+                        .map_err(|e| report.fail(e))?,
+                ));
+                let err = match self
+                    .primary
+                    .acquire_host(engine, host.clone(), deadline)
+                    .await
+                {
+                    Ok(shared) => {
+                        self.shares.end();
+                        // The request leaves now, perhaps long after the
+                        // local admission (the primary may have made it
+                        // wait): the local gap and quota count from now, so
+                        // the next send keeps this process's own spacing
+                        // whoever admits it.
+                        let mut local = local.take();
+                        if let Some(local) = &mut local {
+                            leave(local).await;
+                        }
+                        let waited = report.finish(WaitOutcome::Acquired);
+                        return Ok(Permit::new(host, waited, move || {
+                            drop(shared);
+                            drop(local);
+                        }));
+                    }
+                    Err(err) if err.is_unavailable() => err,
+                    Err(err) => return Err(report.fail(err)),
+                };
+                // The primary may have taken the budget to fail.
+                let now = Instant::now();
+                if let Some(deadline) = deadline
+                    && now >= deadline
+                {
+                    return Err(report.over_budget(now, deadline, now));
                 }
-                Err(err) => Err(report.fail(err)),
+                // The provisional admission was made before the wait on the
+                // primary; sending on it now could follow this process's
+                // last send too closely, and waiters that fail over
+                // together would all go at once. Give it back and queue
+                // again for a real admission, which waits for the gap from
+                // the latest send this process made.
+                drop(local);
+                let plan = self.outage.as_ref().map_or(Plan::Alone, |o| o.plan(&host));
+                if plan == Plan::Defer {
+                    // Another replica serves this host during the outage.
+                    let retry = after(now, DEFER_RETRY);
+                    match deadline {
+                        Some(deadline) if retry >= deadline => {
+                            tokio::time::sleep_until(deadline).await;
+                            let now = Instant::now();
+                            return Err(report.over_budget(retry, deadline, now));
+                        }
+                        _ => tokio::time::sleep_until(retry).await,
+                    }
+                    continue;
+                }
+                tracing::warn!(host = %host, error = %err, ?plan, "pacing in-process: the shared limiter is unavailable");
+                let mut local = self
+                    .fallback
+                    .acquire_host(engine, host.clone(), deadline)
+                    .await
+                    .map_err(|e| report.fail(e))?;
+                let share = match plan {
+                    Plan::Share { n, index } => Some(
+                        self.share(n, index, engine, &host, deadline)
+                            .await
+                            .map_err(|e| report.fail(e))?,
+                    ),
+                    _ => None,
+                };
+                leave(&mut local).await;
+                let waited = report.finish(WaitOutcome::Acquired);
+                return Ok(Permit::new(host, waited, move || {
+                    drop(share);
+                    drop(local);
+                }));
             }
         })
     }

@@ -61,8 +61,8 @@ mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    ClusterManager, ClusterPool, RedisKeys, RedisLimiter, RedisLimiterBuilder, RedisPool,
-    RedisTimeouts,
+    ClusterManager, ClusterPool, FallbackPolicy, RedisKeys, RedisLimiter, RedisLimiterBuilder,
+    RedisPool, RedisTimeouts,
 };
 pub use self::{
     error::{BoxError, ConfigError, Error, Op},

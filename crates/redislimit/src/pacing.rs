@@ -140,6 +140,30 @@ impl Pacing {
         wait.saturating_add(Duration::from_micros(extra))
     }
 
+    /// This pacing's share when `n` replicas divide it: `min_delay` times
+    /// `n`, `quota` divided by `n`, and `max_concurrent` divided by `n` (at
+    /// least 1). Callers check that the quota divides (see
+    /// [`divides`](Self::divides)).
+    pub(crate) fn shared_by(&self, n: u32) -> Self {
+        let n = n.max(1);
+        let mut share = self.clone();
+        share.min_delay = self
+            .min_delay
+            .saturating_mul(n)
+            .min(Duration::from_micros(MAX_MICROS));
+        if self.quota > 0 {
+            share.quota = (self.quota / n).max(1);
+        }
+        share.max_concurrent = (self.max_concurrent / n).max(1);
+        share
+    }
+
+    /// Whether `n` replicas can divide this pacing's quota and an in-flight
+    /// cap of `cap` among them, each getting at least one.
+    pub(crate) fn divides(&self, n: u32, cap: u32) -> bool {
+        (self.quota == 0 || self.quota >= n) && cap >= n
+    }
+
     /// The same pacing with `min_delay` counted from `spacing`.
     pub(crate) fn with_spacing(mut self, spacing: Spacing) -> Self {
         self.spacing = spacing;

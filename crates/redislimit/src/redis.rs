@@ -5,9 +5,11 @@ mod circuit;
 mod keys;
 mod limiter;
 mod pool;
+mod registry;
 mod renew;
 mod script;
 
 pub use self::keys::RedisKeys;
 pub use self::limiter::{RedisLimiter, RedisLimiterBuilder};
 pub use self::pool::{ClusterManager, ClusterPool, RedisPool, RedisTimeouts};
+pub use self::registry::FallbackPolicy;

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use redislimit::{DomainLimiter, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit::{
+    DomainLimiter, FallbackPolicy, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts,
+};
 
 use super::{Crawler, read_urls, summarize};
 
@@ -50,6 +52,12 @@ pub struct Args {
     /// mode); 0 serializes each host cluster-wide.
     #[arg(long, default_value_t = 0)]
     pub cluster_concurrency: u32,
+    /// With Redis: how the replicas keep each host's limits while Redis is
+    /// unavailable: `share` divides the rate, quota and cap among the live
+    /// replicas, `partition` serves each host from one replica, `full` lets
+    /// every replica pace at the full limits (N replicas, N x the rate).
+    #[arg(long, value_enum, default_value_t = Fallback::Share)]
+    pub fallback: Fallback,
     /// With Redis: how long a dead replica's slot stays booked.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub lease_ttl: Duration,
@@ -84,6 +92,27 @@ pub struct Args {
     /// The engine label reported to the limiter's hooks and logs.
     #[arg(long, default_value = "crawl")]
     pub engine: String,
+}
+
+/// `--fallback`: [`FallbackPolicy`] on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fallback {
+    /// [`FallbackPolicy::Share`].
+    Share,
+    /// [`FallbackPolicy::Partition`].
+    Partition,
+    /// [`FallbackPolicy::Full`].
+    Full,
+}
+
+impl From<Fallback> for FallbackPolicy {
+    fn from(f: Fallback) -> Self {
+        match f {
+            Fallback::Share => Self::Share,
+            Fallback::Partition => Self::Partition,
+            Fallback::Full => Self::Full,
+        }
+    }
 }
 
 /// Parses `250ms`, `2s`, `1m30s`, ...
@@ -151,6 +180,7 @@ impl Args {
             .pacing(pacing)
             .cluster_concurrency(self.cluster_concurrency)
             .lease_ttl(self.lease_ttl)
+            .fallback_policy(self.fallback.into())
             .build()?;
         limiter.ping().await.context("Redis is unreachable")?;
         // Refuse to start beside replicas that pace this scope otherwise.

@@ -39,6 +39,8 @@ pub(crate) struct HostState {
     /// No request recorded as sent ([`try_send`](Self::try_send)) may leave
     /// before this: the latest recorded send + `min_delay`.
     sent_gap_until: Instant,
+    /// The latest send recorded by [`try_send`](Self::try_send).
+    last_sent: Option<Instant>,
 }
 
 /// What an admission changed, so that it can be taken back.
@@ -57,7 +59,13 @@ impl HostState {
             admissions: VecDeque::new(),
             epoch: 0,
             sent_gap_until: now,
+            last_sent: None,
         }
+    }
+
+    /// The latest send recorded by [`try_send`](Self::try_send).
+    pub(crate) fn last_sent(&self) -> Option<Instant> {
+        self.last_sent
     }
 
     /// Requests in flight.
@@ -158,6 +166,7 @@ impl HostState {
             return Err(self.sent_gap_until);
         }
         self.epoch = self.epoch.wrapping_add(1);
+        self.last_sent = Some(at);
         self.sent_gap_until = after(at, pacing.min_delay());
         self.ready_at = self.ready_at.max(self.sent_gap_until);
         let quota = pacing.quota() as usize;

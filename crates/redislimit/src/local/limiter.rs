@@ -130,6 +130,14 @@ impl DomainLimiter {
         &self.inner.pacing
     }
 
+    /// The latest send to `host` recorded through a permit's `try_send`.
+    pub(crate) fn last_sent(&self, host: &HostKey) -> Option<Instant> {
+        lock(self.inner.shard(host))
+            .hosts
+            .get(host)
+            .and_then(|entry| entry.state.last_sent())
+    }
+
     /// How many hosts this limiter holds state for: those with requests in
     /// flight or waiting, and those whose delays, penalties or quota window
     /// have not yet elapsed.

@@ -54,6 +54,12 @@ impl RedisKeys {
         format!("{prefix}:{scope}:{{{}}}:config", tag(&[prefix, scope]))
     }
 
+    /// The registry of the replicas of `scope` under `prefix` (a ZSET of
+    /// replica id to expiry), under a hash tag of its own.
+    pub fn replicas(prefix: &str, scope: &str) -> String {
+        format!("{prefix}:{scope}:{{{}}}:replicas", tag(&[prefix, scope]))
+    }
+
     /// The keys in the order the scripts take them.
     pub(crate) fn all(&self) -> [&str; 4] {
         [&self.gate, &self.leases, &self.admits, &self.void]

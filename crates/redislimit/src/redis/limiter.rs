@@ -14,6 +14,7 @@ use super::agreement::Agreement;
 use super::circuit::Circuit;
 use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
+use super::registry::{FallbackPolicy, Registry, RegistryPlan};
 use super::script::{ACQUIRE, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
@@ -157,6 +158,12 @@ pub(super) struct Shared {
     pub(super) circuit: Circuit,
     /// This limiter's part in its scope's configuration record.
     pub(super) agreement: Agreement,
+    /// This limiter's entry in its scope's replica registry.
+    pub(super) registry: Registry,
+    /// What its fallback does while Redis is unavailable.
+    pub(super) fallback_policy: FallbackPolicy,
+    /// How many replicas to assume when the registry was never seen.
+    pub(super) expected_replicas: u32,
     /// Script arguments, in microseconds.
     pub(super) min_delay_us: u64,
     pub(super) lease_ttl_us: u64,
@@ -176,6 +183,8 @@ pub struct RedisLimiterBuilder {
     lease_ttl: Duration,
     concurrency_retry: Option<Duration>,
     hooks: Arc<dyn Hooks>,
+    fallback_policy: FallbackPolicy,
+    expected_replicas: u32,
 }
 
 impl fmt::Debug for RedisLimiterBuilder {
@@ -187,11 +196,30 @@ impl fmt::Debug for RedisLimiterBuilder {
             .field("cluster_concurrency", &self.cluster_concurrency)
             .field("lease_ttl", &self.lease_ttl)
             .field("concurrency_retry", &self.concurrency_retry)
+            .field("fallback_policy", &self.fallback_policy)
+            .field("expected_replicas", &self.expected_replicas)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisLimiterBuilder {
+    /// What the fallback of [`RedisLimiter::with_fallback`] does while Redis
+    /// is unavailable (default [`FallbackPolicy::Share`]); see
+    /// [`FallbackPolicy`]. Not part of the configuration agreement: it
+    /// shapes this process only.
+    pub fn fallback_policy(mut self, policy: FallbackPolicy) -> Self {
+        self.fallback_policy = policy;
+        self
+    }
+
+    /// How many replicas the fallback policy assumes when this limiter never
+    /// saw the replica registry (it started while Redis was away); default
+    /// 1. Set it to the number of replicas you run.
+    pub fn expected_replicas(mut self, n: u32) -> Self {
+        self.expected_replicas = n.max(1);
+        self
+    }
+
     /// The key namespace shared by every scope (default `redislimit`).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -289,6 +317,9 @@ impl RedisLimiterBuilder {
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
                 circuit: Circuit::new(),
+                registry: Registry::new(&self.prefix, &self.scope),
+                fallback_policy: self.fallback_policy,
+                expected_replicas: self.expected_replicas,
                 agreement: Agreement::new(
                     &self.prefix,
                     &self.scope,
@@ -336,6 +367,8 @@ impl RedisLimiter {
             lease_ttl: Self::DEFAULT_LEASE_TTL,
             concurrency_retry: None,
             hooks: Arc::new(NoHooks),
+            fallback_policy: FallbackPolicy::default(),
+            expected_replicas: 1,
         }
     }
 
@@ -407,15 +440,23 @@ impl RedisLimiter {
     }
 
     /// Puts this limiter on top of in-process pacing with
-    /// [`fallback_pacing`](Self::fallback_pacing), which carries on alone
-    /// while Redis is unavailable; see [`FallbackLimiter`]. The hooks move
+    /// [`fallback_pacing`](Self::fallback_pacing), which carries on while
+    /// Redis is unavailable; see [`FallbackLimiter`]. While it does, the
+    /// replicas together keep each host's limits as the
+    /// [`FallbackPolicy`](crate::FallbackPolicy) of this limiter says (by
+    /// default they share them), using the replica registry each limiter
+    /// with a `Share` or `Partition` policy keeps up from its first acquire
+    /// (one heartbeat a second, off the admission path). The hooks move
     /// to the fallback limiter, which reports each decision once; this
     /// limiter keeps reporting its errors.
     pub fn with_fallback(mut self) -> FallbackLimiter<Self> {
         let hooks = Arc::clone(&self.shared.hooks);
         let fallback = DomainLimiter::new(self.fallback_pacing());
+        let plan = Arc::new(RegistryPlan(Arc::clone(&self.shared)));
         self.report_waits = false;
-        FallbackLimiter::new(self, fallback).with_hooks(hooks)
+        FallbackLimiter::new(self, fallback)
+            .with_hooks(hooks)
+            .with_outage_plan(plan)
     }
 }
 
@@ -514,6 +555,7 @@ impl Shared {
     ) -> Result<Permit, Error> {
         let start = Instant::now();
         let mut report = WaitReport::new(hooks, engine, &host, start);
+        self.ensure_heartbeat();
         if self.circuit.waiting() {
             report.abandon();
             return Err(circuit_open(Op::Acquire));

@@ -1,0 +1,252 @@
+//! The replica registry: each `RedisLimiter` announces itself in its scope,
+//! so that during an outage every replica knows how many peers were live
+//! just before it, and which ones.
+//!
+//! A limiter whose fallback policy needs the registry (`Share`,
+//! `Partition`) starts a heartbeat at its first acquire, off the admission
+//! path: every second it renews its entry (which lives 3 s unrenewed) and
+//! reads the live entries. While Redis is away the heartbeat fails and the
+//! last list read stays: that is the registry "seen before the outage".
+//! The task holds the limiter weakly and ends when the limiter is dropped.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use deadpool_redis::redis::Cmd;
+use sha2::{Digest, Sha256};
+
+use super::keys::RedisKeys;
+use super::limiter::Shared;
+use super::script::REGISTER;
+use crate::HostKey;
+use crate::fallback::{OutagePlan, Plan};
+
+/// How often a replica renews its entry and reads the others'.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long an entry lives unrenewed: a replica that died is counted for
+/// at most this long.
+const ENTRY_TTL: Duration = Duration::from_secs(3);
+
+/// What a replica's fallback does while Redis is unavailable: how the
+/// per-host limits are kept when every replica paces in-process.
+///
+/// Each replica knows the replicas that were live just before the outage
+/// (the registry; see [`RedisLimiter`](crate::RedisLimiter)). With `N` of
+/// them:
+///
+/// | policy | each replica, per host, during the outage | all replicas together |
+/// |---|---|---|
+/// | `Share` (default) | `min_delay` x N, `quota` / N, in-flight cap / N | within the rate, quota and cap |
+/// | `Partition` | one replica (rendezvous hashing) serves the host at the full pacing; the others wait | exact spacing and cap |
+/// | `Full` | the full pacing | N x the rate, quota and cap |
+///
+/// `Share` divides what can be divided. What cannot (an in-flight cap or a
+/// quota smaller than N, and serialized mode, whose cap is one request) is
+/// partitioned instead, so the limits hold either way. `Share` is the
+/// default because it keeps every replica working on every host: nothing
+/// waits for Redis, and a replica that died just before the outage only
+/// costs the others their share of its pace. `Partition` is exact but
+/// stalls: the hosts of a replica that died just before the outage (it is
+/// counted for up to 3 s) wait for Redis, and so do the other replicas'
+/// requests for a host they do not serve (bounded by their deadline; they
+/// ask Redis again once a second). `Full` is each replica alone, as if no
+/// other existed: use it only when the replicas never share hosts.
+///
+/// Edge cases: with one live replica every policy is `Full`. A replica
+/// that never saw the registry (it started during the outage) counts
+/// [`expected_replicas`](crate::RedisLimiterBuilder::expected_replicas)
+/// (default 1). Limits hold from the first send of the outage on: a request
+/// another replica had in flight when Redis went away is not visible to
+/// the others, and the quota window in which Redis went away can hold the
+/// admissions counted in Redis before it plus the shares during it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FallbackPolicy {
+    /// Divide the rate, quota and in-flight cap among the live replicas.
+    #[default]
+    Share,
+    /// Serve each host from exactly one live replica.
+    Partition,
+    /// Every replica at the full limits: N replicas send N times the rate.
+    Full,
+}
+
+impl FallbackPolicy {
+    /// The policy's name, as the crawl's `--fallback` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Share => "share",
+            Self::Partition => "partition",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// One limiter's entry in its scope's registry.
+#[derive(Debug)]
+pub(super) struct Registry {
+    key: String,
+    id: String,
+    /// Whether the heartbeat task runs.
+    beating: AtomicBool,
+    /// The live replicas at the last heartbeat Redis answered, sorted.
+    peers: Mutex<Option<Arc<[String]>>>,
+}
+
+impl Registry {
+    pub(super) fn new(prefix: &str, scope: &str) -> Self {
+        Self {
+            key: RedisKeys::replicas(prefix, scope),
+            id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            beating: AtomicBool::new(false),
+            peers: Mutex::new(None),
+        }
+    }
+
+    fn peers(&self) -> Option<Arc<[String]>> {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Shared {
+    /// Starts the heartbeat unless it runs or the policy needs no registry.
+    pub(super) fn ensure_heartbeat(self: &Arc<Self>) {
+        if self.fallback_policy == FallbackPolicy::Full
+            || self.registry.beating.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(heartbeat(weak));
+    }
+
+    /// One heartbeat: renews this replica's entry and reads the live ones.
+    async fn beat(&self) {
+        let r = &self.registry;
+        let ttl_us = ENTRY_TTL.as_micros() as u64;
+        let keys = [r.key.as_str()];
+        let call = REGISTER.run::<Vec<String>>(&self.redis, &keys, |cmd: &mut Cmd| {
+            cmd.arg(&r.id).arg(ttl_us);
+        });
+        // Bounded, so a pool without timeouts cannot stop the heartbeat.
+        let Ok(answer) = tokio::time::timeout(HEARTBEAT, call).await else {
+            return;
+        };
+        self.circuit.observe(&answer);
+        match answer {
+            Ok(mut ids) => {
+                if !ids.contains(&r.id) {
+                    ids.push(r.id.clone());
+                }
+                ids.sort();
+                *r.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(ids.into());
+            }
+            Err(err) => tracing::debug!(error = %err, "registry heartbeat failed"),
+        }
+    }
+
+    /// How this replica serves `host` while Redis is unavailable.
+    fn outage_plan(&self, host: &HostKey) -> Plan {
+        let peers = self.registry.peers();
+        let n = peers
+            .as_ref()
+            .map_or(self.expected_replicas, |p| p.len() as u32)
+            .max(1);
+        if n == 1 || self.fallback_policy == FallbackPolicy::Full {
+            return Plan::Alone;
+        }
+        let cap = if self.cluster_concurrency == 0 {
+            1
+        } else {
+            self.cluster_concurrency
+        };
+        let index = peers
+            .as_ref()
+            .and_then(|p| p.iter().position(|id| *id == self.registry.id))
+            .map_or(0, |i| i as u32);
+        if self.fallback_policy == FallbackPolicy::Share && self.pacing.divides(n, cap) {
+            return Plan::Share { n, index };
+        }
+        match peers {
+            Some(peers) if owner(&peers, host) != Some(self.registry.id.as_str()) => Plan::Defer,
+            Some(_) => Plan::Alone,
+            // Nobody known to partition with: divide as well as possible.
+            None => Plan::Share { n, index },
+        }
+    }
+}
+
+async fn heartbeat(weak: Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        shared.beat().await;
+        drop(shared);
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+/// The replica that serves `host` during an outage: the highest score of
+/// SHA-256 over (replica, host), so every replica that saw the same
+/// registry picks the same one, and a replica leaving moves only its hosts.
+fn owner<'a>(peers: &'a [String], host: &HostKey) -> Option<&'a str> {
+    peers
+        .iter()
+        .max_by_key(|id| {
+            let mut digest = Sha256::new();
+            digest.update((id.len() as u64).to_be_bytes());
+            digest.update(id.as_bytes());
+            digest.update(host.as_str().as_bytes());
+            let d = digest.finalize();
+            u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+        })
+        .map(String::as_str)
+}
+
+/// The outage plan a `FallbackLimiter` asks, backed by the limiter.
+pub(super) struct RegistryPlan(pub(super) Arc<Shared>);
+
+impl std::fmt::Debug for RegistryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryPlan")
+            .field("policy", &self.0.fallback_policy)
+            .field("peers", &self.0.registry.peers())
+            .finish()
+    }
+}
+
+impl OutagePlan for RegistryPlan {
+    fn plan(&self, host: &HostKey) -> Plan {
+        self.0.outage_plan(host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_replica_picks_the_same_owner_and_a_leaver_moves_only_its_hosts() {
+        let peers: Vec<String> = (0..4).map(|i| format!("replica-{i}")).collect();
+        let hosts: Vec<HostKey> = (0..200)
+            .map(|i| HostKey::parse(&format!("http://h{i}.test/")).unwrap())
+            .collect();
+        let before: Vec<&str> = hosts.iter().map(|h| owner(&peers, h).unwrap()).collect();
+        for id in &peers {
+            let served = before.iter().filter(|o| **o == id.as_str()).count();
+            assert!((25..=75).contains(&served), "{id} serves {served} of 200");
+        }
+        let fewer = &peers[1..];
+        for (host, was) in hosts.iter().zip(&before) {
+            let now = owner(fewer, host).unwrap();
+            if *was != "replica-0" {
+                assert_eq!(now, *was, "{host} moved though its owner stayed");
+            }
+        }
+    }
+}

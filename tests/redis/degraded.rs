@@ -1,0 +1,156 @@
+//! Degraded mode: three replicas lose Redis and carry on in-process, and
+//! together they keep each host's limits (`Share`, `Partition`), or show
+//! what happens when they do not (`Full`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redislimit::{Error, FallbackLimiter, FallbackPolicy, Limiter, RedisLimiter};
+use redislimit_tests::RedisServer;
+use redislimit_tests::record::{Recorder, assert_serialized, max_in_flight, max_in_window};
+
+use crate::{MS, bounded, host, limiter, standalone};
+
+const REPLICAS: usize = 3;
+
+/// Three replicas with `policy`, registered (each has acquired and its
+/// heartbeat has been read by the others).
+async fn replicas(
+    server: &RedisServer,
+    gap: Duration,
+    cap: u32,
+    policy: FallbackPolicy,
+) -> Vec<Arc<FallbackLimiter<RedisLimiter>>> {
+    let all: Vec<_> = (0..REPLICAS)
+        .map(|_| {
+            Arc::new(
+                limiter(
+                    standalone(&server.url()),
+                    |p| p.min_delay(gap),
+                    |b| b.cluster_concurrency(cap).fallback_policy(policy),
+                )
+                .with_fallback(),
+            )
+        })
+        .collect();
+    for l in &all {
+        drop(
+            bounded(5, l.acquire_host("t", host("warm.test"), None))
+                .await
+                .unwrap(),
+        );
+    }
+    // Two heartbeats: every replica has read every other's entry.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    all
+}
+
+/// Redis frozen, every replica sends to `a.test` from four tasks for
+/// `outage`, each request taking `work`; returns what an upstream would
+/// have recorded. Acquires still waiting when the outage ends give up.
+async fn crawl_frozen(
+    server: &RedisServer,
+    all: &[Arc<FallbackLimiter<RedisLimiter>>],
+    outage: Duration,
+    work: Duration,
+) -> Arc<Recorder> {
+    let recorder = Arc::new(Recorder::new());
+    server.pause();
+    let stop = tokio::time::Instant::now() + outage;
+    let mut tasks = Vec::new();
+    for (replica, l) in all.iter().enumerate() {
+        for _ in 0..4 {
+            let (l, recorder) = (Arc::clone(l), Arc::clone(&recorder));
+            tasks.push(tokio::spawn(async move {
+                while tokio::time::Instant::now() < stop {
+                    match l.acquire_host("t", host("a.test"), Some(stop)).await {
+                        Ok(permit) => {
+                            let send = Instant::now();
+                            tokio::time::sleep(work).await;
+                            recorder.record("a.test", replica, send, Instant::now());
+                            drop(permit);
+                        }
+                        Err(Error::WaitBudget { .. }) => {}
+                        Err(err) => panic!("the fallback failed: {err:?}"),
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        bounded(30, task).await.unwrap();
+    }
+    server.resume();
+    recorder
+}
+
+/// The most sends any 1 s holds at `gap` spacing, with a little slack for
+/// where the instants are taken.
+fn rate_bound(gap: Duration) -> usize {
+    (Duration::from_secs(1).as_micros() / gap.as_micros()) as usize + 1
+}
+
+/// Regression: every replica's fallback paced at the full per-host limit,
+/// so N replicas sent N times the rate, quota and in-flight cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_keeps_the_rate_and_cap_of_all_replicas_together() {
+    let server = RedisServer::start();
+    let gap = 150 * MS;
+    let all = replicas(&server, gap, 6, FallbackPolicy::Share).await;
+    let seen = crawl_frozen(&server, &all, Duration::from_secs(3), 20 * MS)
+        .await
+        .host("a.test");
+    let senders: std::collections::BTreeSet<_> = seen.iter().map(|r| r.replica).collect();
+    assert_eq!(
+        senders.len(),
+        REPLICAS,
+        "every replica keeps working: {seen:?}"
+    );
+    let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
+    assert!(
+        peak <= rate_bound(gap),
+        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
+    );
+    assert!(max_in_flight(&seen) <= 6);
+}
+
+/// With a cap of one request (serialized mode), sharing cannot divide it:
+/// one replica serves the host, exactly as Redis would have paced it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_divided_is_partitioned() {
+    for policy in [FallbackPolicy::Share, FallbackPolicy::Partition] {
+        let server = RedisServer::start();
+        let gap = 100 * MS;
+        let all = replicas(&server, gap, 0, policy).await;
+        let seen = crawl_frozen(&server, &all, Duration::from_secs(2), 30 * MS)
+            .await
+            .host("a.test");
+        assert!(
+            seen.len() >= 5,
+            "{policy:?}: too few sends to judge: {seen:?}"
+        );
+        let senders: std::collections::BTreeSet<_> = seen.iter().map(|r| r.replica).collect();
+        assert_eq!(
+            senders.len(),
+            1,
+            "{policy:?}: more than one replica served the host"
+        );
+        assert_serialized(&seen, gap - 5 * MS);
+    }
+}
+
+/// `Full` is today's behaviour: the test shows the excess it allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_lets_every_replica_send_at_the_whole_rate() {
+    let server = RedisServer::start();
+    let gap = 150 * MS;
+    let all = replicas(&server, gap, 6, FallbackPolicy::Full).await;
+    let seen = crawl_frozen(&server, &all, Duration::from_secs(3), 20 * MS)
+        .await
+        .host("a.test");
+    let peak = max_in_window(&seen, Duration::from_secs(1));
+    assert!(
+        peak > 2 * rate_bound(gap),
+        "only {peak} sends in 1 s: Full should let 3 replicas exceed the rate"
+    );
+}
