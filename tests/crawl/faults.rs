@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use std::collections::BTreeMap;
 
-use redislimit_tests::record::{Request, assert_serialized};
+use redislimit_tests::record::{
+    Request, assert_serialized, max_in_flight, max_in_window, min_send_gap,
+};
 use redislimit_tests::{RedisServer, Upstream};
 
 use crate::{HOSTS, MS, SLACK, finish, spawn, spawn_all, tempdir, urls};
@@ -298,4 +300,136 @@ async fn one_replica_keeps_its_gap_across_a_freeze_and_a_resume() {
             "try {attempt}"
         );
     }
+}
+
+/// Four replicas in lease mode (cap 4, 100 ms gap) crawl three hosts with
+/// `--fallback policy`; Redis is frozen for 3 s once every replica is in the
+/// registry. Returns every request the upstream saw, and when the outage
+/// began and ended.
+async fn four_replicas_through_an_outage(
+    policy: &str,
+    extra: &[&str],
+) -> (Vec<Request>, Instant, Instant) {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let list = urls(&upstream, &HOSTS, 100, "/slow?chunks=2&every=20");
+    let args = [
+        "--redis",
+        &server.url(),
+        "--cluster-concurrency",
+        "4",
+        "--min-delay",
+        "100ms",
+        "--fallback",
+        policy,
+    ];
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+    let replicas = spawn_all(dir.path(), &upstream, &list, 4, &args);
+    // Two heartbeats after the last replica started: every one has read
+    // every other's entry.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let frozen = Instant::now();
+    server.pause();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.resume();
+    let resumed = Instant::now();
+    finish(replicas).await;
+    let seen = upstream.recorder().all();
+    if extra.is_empty() {
+        assert_eq!(seen.len(), list.len(), "every URL reached the upstream");
+    }
+    (seen, frozen, resumed)
+}
+
+/// The most requests to `host` in any 1 s, and the most in flight at once.
+fn peaks(seen: &[Request], host: &str) -> (usize, usize) {
+    let reqs: Vec<Request> = seen.iter().filter(|r| r.host == host).cloned().collect();
+    (
+        max_in_window(&reqs, Duration::from_secs(1) - SLACK),
+        max_in_flight(&reqs),
+    )
+}
+
+/// Regression: with Redis frozen, four replicas sent four times each host's
+/// rate. With the default policy the upstream never sees more than the
+/// configured rate (one per 100 ms, averaged over any 1 s) or more than the
+/// cap in flight, before, during or after the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_fallback_keeps_each_hosts_rate_across_replicas() {
+    let _turn = crate::one_at_a_time().await;
+    let (seen, frozen, resumed) = four_replicas_through_an_outage("share", &[]).await;
+    let during = seen
+        .iter()
+        .filter(|r| r.send >= frozen && r.send < resumed)
+        .count();
+    assert!(during >= 30, "only {during} requests during the outage");
+    for host in HOSTS {
+        let (rate, in_flight) = peaks(&seen, host);
+        let timeline: Vec<(i64, usize)> = seen
+            .iter()
+            .filter(|r| r.host == host)
+            .map(|r| {
+                let ms = if r.send >= frozen {
+                    (r.send - frozen).as_millis() as i64
+                } else {
+                    -((frozen - r.send).as_millis() as i64)
+                };
+                (ms, r.replica)
+            })
+            .collect();
+        assert!(
+            rate <= 11,
+            "{host}: {rate} requests in 1 s, more than 1 per 100 ms; \
+             (ms from the freeze, replica), resumed at {:?}: {timeline:?}",
+            resumed - frozen
+        );
+        assert!(
+            in_flight <= 4,
+            "{host}: {in_flight} in flight, the cap is 4"
+        );
+    }
+}
+
+/// With `partition`, one replica serves each host during the outage: the
+/// host's requests keep the exact gap and the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_keeps_exact_spacing_during_the_outage() {
+    let _turn = crate::one_at_a_time().await;
+    // A URL whose host another replica serves waits for Redis, holding one
+    // of the crawl's --concurrency slots; --max-wait frees the slots (the
+    // URL ends with an error) so the serving replicas reach their own.
+    let (seen, frozen, resumed) =
+        four_replicas_through_an_outage("partition", &["--max-wait", "1s"]).await;
+    for host in HOSTS {
+        let during: Vec<Request> = seen
+            .iter()
+            .filter(|r| r.host == host && r.send >= frozen && r.send < resumed)
+            .cloned()
+            .collect();
+        assert!(
+            during.len() >= 10,
+            "{host}: only {} during the outage",
+            during.len()
+        );
+        let gap = min_send_gap(&during);
+        assert!(
+            gap + ARRIVAL_SLACK >= 100 * MS,
+            "{host}: sends {gap:?} apart"
+        );
+        assert!(max_in_flight(&during) <= 4);
+    }
+}
+
+/// With `full`, every replica paces at the whole limit during the outage:
+/// the upstream sees the excess (the test that shows the others can fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_fallback_shows_the_excess() {
+    let _turn = crate::one_at_a_time().await;
+    let (seen, _, _) = four_replicas_through_an_outage("full", &[]).await;
+    let worst = HOSTS.iter().map(|h| peaks(&seen, h).0).max().unwrap();
+    assert!(
+        worst > 20,
+        "only {worst} requests in 1 s with four replicas at full pace"
+    );
 }

@@ -154,3 +154,56 @@ async fn full_lets_every_replica_send_at_the_whole_rate() {
         "only {peak} sends in 1 s: Full should let 3 replicas exceed the rate"
     );
 }
+
+/// Regression: a request admitted in-process during an outage was
+/// invisible to Redis when it came back; another replica was admitted
+/// through Redis beside it. Now it counts in Redis (as a lease, or as the
+/// serialized holder) before it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_during_the_outage_counts_once_redis_is_back() {
+    for cap in [0u32, 1] {
+        let server = RedisServer::start();
+        let make = || {
+            limiter(
+                standalone(&server.url()),
+                |p| p.min_delay(10 * MS),
+                |b| {
+                    b.cluster_concurrency(cap)
+                        .fallback_policy(FallbackPolicy::Full)
+                },
+            )
+        };
+        let a = make().with_fallback();
+        let b = make();
+        drop(
+            bounded(5, b.acquire_host("t", host("warm.test"), None))
+                .await
+                .unwrap(),
+        );
+        server.pause();
+        let held = bounded(5, a.acquire_host("t", host("long.test"), None))
+            .await
+            .unwrap();
+        let sent = Instant::now();
+        tokio::time::sleep(300 * MS).await;
+        server.resume();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let waiting = tokio::spawn(async move {
+            let permit = bounded(10, b.acquire_host("t", host("long.test"), None))
+                .await
+                .unwrap();
+            (Instant::now(), permit)
+        });
+        tokio::time::sleep(Duration::from_millis(3000) - sent.elapsed()).await;
+        let released = Instant::now();
+        drop(held);
+        let (admitted, permit) = bounded(10, waiting).await.unwrap();
+        drop(permit);
+        assert!(
+            admitted >= released,
+            "cap {cap}: another replica was admitted {:?} before the request \
+             sent during the outage ended",
+            released - admitted
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //! carries on alone while the shared one is unavailable.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -58,9 +58,9 @@ use crate::{
 /// drop(limiter.acquire("docs", &url, None).await?);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct FallbackLimiter<P> {
-    primary: P,
+    primary: Arc<P>,
     fallback: DomainLimiter,
     hooks: Arc<dyn Hooks>,
     /// How each host is served while the primary is unavailable; every
@@ -68,6 +68,128 @@ pub struct FallbackLimiter<P> {
     outage: Option<Arc<dyn OutagePlan>>,
     /// The pacing shares in use during the current outage.
     shares: Arc<Shares>,
+    /// Requests admitted in-process during an outage, still to be counted
+    /// in the primary once it answers.
+    adoptions: Arc<Adoptions>,
+}
+
+impl<P> Clone for FallbackLimiter<P> {
+    fn clone(&self) -> Self {
+        Self {
+            primary: Arc::clone(&self.primary),
+            fallback: self.fallback.clone(),
+            hooks: Arc::clone(&self.hooks),
+            outage: self.outage.clone(),
+            shares: Arc::clone(&self.shares),
+            adoptions: Arc::clone(&self.adoptions),
+        }
+    }
+}
+
+/// How often requests admitted in-process during an outage are offered to
+/// the primary again while it is away.
+const ADOPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Requests admitted in-process during an outage and still in flight,
+/// which the primary has not counted yet.
+#[derive(Debug, Default)]
+struct Adoptions {
+    pending: Mutex<Vec<Arc<Adoptee>>>,
+    /// `pending.len()`, read on every acquire.
+    count: AtomicUsize,
+    /// Whether the task offering them to the primary runs.
+    running: AtomicBool,
+}
+
+/// One request admitted in-process during an outage.
+#[derive(Debug)]
+struct Adoptee {
+    host: HostKey,
+    sent: Instant,
+    state: Mutex<Adopted>,
+}
+
+#[derive(Debug)]
+enum Adopted {
+    /// In flight, not counted in the primary yet.
+    Pending,
+    /// Counted: the primary's permit, released with the request.
+    Held {
+        /// Released when dropped.
+        _permit: Permit,
+    },
+    /// Released, or nothing to count it in.
+    Done,
+}
+
+impl Adoptee {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Adopted> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Adoptions {
+    fn add(&self, adoptee: Arc<Adoptee>) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.push(adoptee);
+        self.count.store(pending.len(), Ordering::Release);
+    }
+
+    /// Offers the pending requests (to `only` that host, when given) to
+    /// `primary`; stops at the first that finds it unavailable.
+    async fn offer<P: Limiter>(&self, primary: &P, only: Option<&HostKey>) {
+        let candidates: Vec<Arc<Adoptee>> = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|a| only.is_none_or(|h| *h == a.host))
+            .cloned()
+            .collect();
+        for adoptee in candidates {
+            if !matches!(*adoptee.lock(), Adopted::Pending) {
+                continue;
+            }
+            match primary
+                .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed())
+                .await
+            {
+                Ok(permit) => {
+                    let mut state = adoptee.lock();
+                    if matches!(*state, Adopted::Pending) {
+                        *state = permit.map_or(Adopted::Done, |p| Adopted::Held { _permit: p });
+                    }
+                    // Released meanwhile: the permit (if any) drops here.
+                }
+                Err(err) if err.is_unavailable() => break,
+                Err(err) => {
+                    tracing::warn!(host = %adoptee.host, error = %err, "a request admitted in-process could not be counted in the shared limiter");
+                    *adoptee.lock() = Adopted::Done;
+                }
+            }
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.retain(|a| matches!(*a.lock(), Adopted::Pending));
+        self.count.store(pending.len(), Ordering::Release);
+    }
+}
+
+/// Offers pending requests to the primary every [`ADOPT_RETRY`] until none
+/// is left.
+async fn adopt_in_background<P: Limiter>(primary: Arc<P>, adoptions: Arc<Adoptions>) {
+    loop {
+        tokio::time::sleep(ADOPT_RETRY).await;
+        adoptions.offer(&*primary, None).await;
+        if adoptions.count.load(Ordering::Acquire) == 0 {
+            adoptions.running.store(false, Ordering::Release);
+            // One added since the last offer restarts the loop.
+            if adoptions.count.load(Ordering::Acquire) == 0
+                || adoptions.running.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        }
+    }
 }
 
 /// How this replica serves a host while the primary is unavailable.
@@ -120,32 +242,74 @@ const DEFER_RETRY: Duration = Duration::from_secs(1);
 struct Shares {
     /// Whether `current` holds anything (read on every admission).
     active: AtomicBool,
-    /// The number of replicas dividing the pacing, when the outage was
-    /// first met, and the limiter applying the share.
-    current: Mutex<Option<(u32, Instant, DomainLimiter)>>,
+    current: Mutex<Option<Share>>,
 }
+
+/// The share this replica paces at during (and just after) an outage.
+#[derive(Debug)]
+struct Share {
+    /// How many replicas divide the pacing.
+    n: u32,
+    /// Which of them this one is.
+    index: u32,
+    /// When the outage was first met.
+    began: Instant,
+    /// The limiter applying the share.
+    limiter: DomainLimiter,
+    /// When the primary first answered again, if it has.
+    ended: Option<Instant>,
+}
+
+/// How long after the primary answers again this replica keeps its share
+/// of the pace (taking its turns) for requests the primary admits: other
+/// replicas may not have noticed yet (they ask again once a second) and
+/// still send at their shares; until they do, taking turns keeps the sum
+/// within the shared pace.
+const SHARE_GRACE: Duration = Duration::from_millis(1500);
 
 impl Shares {
     /// The limiter for `n` shares of `pacing`, and when the outage began.
-    fn get(&self, n: u32, pacing: &Pacing) -> (Instant, DomainLimiter) {
+    fn get(&self, n: u32, index: u32, pacing: &Pacing) -> (Instant, DomainLimiter) {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((m, began, limiter)) = &*current
-            && *m == n
+        if let Some(share) = &mut *current
+            && share.n == n
         {
-            return (*began, limiter.clone());
+            share.index = index;
+            share.ended = None;
+            return (share.began, share.limiter.clone());
         }
-        let began = current.as_ref().map_or_else(Instant::now, |c| c.1);
+        let began = current.as_ref().map_or_else(Instant::now, |c| c.began);
         let limiter = DomainLimiter::new(pacing.shared_by(n));
-        *current = Some((n, began, limiter.clone()));
+        *current = Some(Share {
+            n,
+            index,
+            began,
+            limiter: limiter.clone(),
+            ended: None,
+        });
         self.active.store(true, Ordering::Release);
         (began, limiter)
     }
 
-    /// The primary answers again: the outage is over.
-    fn end(&self) {
-        if self.active.swap(false, Ordering::AcqRel) {
-            *self.current.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    /// The primary admitted a request: the share (`n`, `index`) it must
+    /// still take its turn in, within [`SHARE_GRACE`] of the first such
+    /// answer after an outage; the registry read since may already differ
+    /// from the one the other replicas still pace by. After that the share
+    /// is forgotten.
+    fn keep_turns(&self) -> Option<(u32, u32)> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
         }
+        let now = Instant::now();
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let share = current.as_mut()?;
+        let ended = *share.ended.get_or_insert(now);
+        if now < after(ended, SHARE_GRACE) {
+            return Some((share.n, share.index));
+        }
+        *current = None;
+        self.active.store(false, Ordering::Release);
+        None
     }
 }
 
@@ -154,11 +318,12 @@ impl<P: Limiter> FallbackLimiter<P> {
     /// alone while `primary` is unavailable.
     pub fn new(primary: P, fallback: DomainLimiter) -> Self {
         Self {
-            primary,
+            primary: Arc::new(primary),
             fallback,
             hooks: Arc::new(NoHooks),
             outage: None,
             shares: Arc::default(),
+            adoptions: Arc::default(),
         }
     }
 
@@ -189,7 +354,7 @@ impl<P: Limiter> FallbackLimiter<P> {
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
         let pacing = self.fallback.pacing();
-        let (began, limiter) = self.shares.get(n, pacing);
+        let (began, limiter) = self.shares.get(n, index, pacing);
         let gap = pacing.min_delay();
         let mut from = after(began, gap);
         if let Some(last) = self.fallback.last_sent(host) {
@@ -262,7 +427,7 @@ impl Drop for Provisional {
     }
 }
 
-impl<P: Limiter> Limiter for FallbackLimiter<P> {
+impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
     fn acquire_host<'a>(
         &'a self,
         engine: &'a str,
@@ -272,6 +437,11 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
         Box::pin(async move {
             let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
             loop {
+                // Requests this process sent during an outage count in the
+                // primary before it admits anything else for their host.
+                if self.adoptions.count.load(Ordering::Acquire) > 0 {
+                    self.adoptions.offer(&*self.primary, Some(&host)).await;
+                }
                 // Until the primary has decided, this admission is
                 // provisional: a refusal or a dropped future takes it back.
                 let local = Provisional(Some(
@@ -286,7 +456,16 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                     .await
                 {
                     Ok(shared) => {
-                        self.shares.end();
+                        // Just after an outage, take turns as the replicas
+                        // still pacing in-process do.
+                        let share = match self.shares.keep_turns() {
+                            Some((n, index)) => Some(
+                                self.share(n, index, engine, &host, deadline)
+                                    .await
+                                    .map_err(|e| report.fail(e))?,
+                            ),
+                            None => None,
+                        };
                         // The request leaves now, perhaps long after the
                         // local admission (the primary may have made it
                         // wait): the local gap and quota count from now, so
@@ -298,6 +477,7 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                         }
                         let waited = report.finish(WaitOutcome::Acquired);
                         return Ok(Permit::new(host, waited, move || {
+                            drop(share);
                             drop(shared);
                             drop(local);
                         }));
@@ -348,8 +528,23 @@ impl<P: Limiter> Limiter for FallbackLimiter<P> {
                     _ => None,
                 };
                 leave(&mut local).await;
+                // Counted in the primary as soon as it answers again.
+                let adoptee = Arc::new(Adoptee {
+                    host: host.clone(),
+                    sent: Instant::now(),
+                    state: Mutex::new(Adopted::Pending),
+                });
+                self.adoptions.add(Arc::clone(&adoptee));
+                if !self.adoptions.running.swap(true, Ordering::AcqRel) {
+                    tokio::spawn(adopt_in_background(
+                        Arc::clone(&self.primary),
+                        Arc::clone(&self.adoptions),
+                    ));
+                }
                 let waited = report.finish(WaitOutcome::Acquired);
                 return Ok(Permit::new(host, waited, move || {
+                    let adopted = std::mem::replace(&mut *adoptee.lock(), Adopted::Done);
+                    drop(adopted);
                     drop(share);
                     drop(local);
                 }));

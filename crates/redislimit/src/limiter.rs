@@ -58,6 +58,22 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         hold: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// Counts a request to `host` that is already in flight, sent `ago`
+    /// without this limiter's admission (a fallback admitted it while this
+    /// limiter was unavailable), against this limiter's shared limits, so
+    /// that nothing else is admitted beside it beyond them. The permit
+    /// returned holds its slot until released, as an admitted one would;
+    /// `None` when this limiter keeps no state the request could count in
+    /// (the default: in-process limiters saw nothing to reconcile).
+    fn adopt_host<'a>(
+        &'a self,
+        host: HostKey,
+        ago: Duration,
+    ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
+        let _ = (host, ago);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// [`acquire_host`](Self::acquire_host) for the host of `url`; a URL
     /// without a host fails with [`Error::InvalidUrl`].
     fn acquire<'a>(
@@ -99,6 +115,14 @@ macro_rules! forward_limiter {
                 hold: Duration,
             ) -> BoxFuture<'a, Result<(), Error>> {
                 (**self).penalize_host(host, hold)
+            }
+
+            fn adopt_host<'a>(
+                &'a self,
+                host: HostKey,
+                ago: Duration,
+            ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
+                (**self).adopt_host(host, ago)
             }
         }
     )*};

@@ -15,7 +15,7 @@ use super::circuit::Circuit;
 use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
 use super::registry::{FallbackPolicy, Registry, RegistryPlan};
-use super::script::{ACQUIRE, PENALIZE, RELEASE};
+use super::script::{ACQUIRE, ADOPT, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
 use crate::{
@@ -497,6 +497,14 @@ impl Limiter for RedisLimiter {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.shared.penalize(host, hold))
     }
+
+    fn adopt_host<'a>(
+        &'a self,
+        host: HostKey,
+        ago: Duration,
+    ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
+        Box::pin(self.shared.adopt(host, ago))
+    }
 }
 
 /// What the acquire script answered.
@@ -789,6 +797,55 @@ impl Shared {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Registers a request in flight since `ago` (admitted in-process while
+    /// Redis was away) as holding a slot; see [`Limiter::adopt_host`]. It
+    /// skips a Redis the circuit holds off until the next probe is due, and
+    /// may itself be that probe.
+    async fn adopt(
+        self: &Arc<Self>,
+        host: HostKey,
+        ago: Duration,
+    ) -> Result<Option<Permit>, Error> {
+        if self.circuit.waiting() {
+            return Err(circuit_open(Op::Acquire));
+        }
+        let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
+        let token = new_token();
+        let ago_us = u64::try_from(ago.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(crate::MAX_MICROS);
+        let adopted = ADOPT
+            .run::<i64>(&self.redis, &keys.all()[..3], |cmd: &mut Cmd| {
+                cmd.arg(&*token)
+                    .arg(self.cluster_concurrency)
+                    .arg(self.lease_ttl_us)
+                    .arg(self.min_delay_us)
+                    .arg(ago_us)
+                    .arg(self.pacing.quota())
+                    .arg(self.window_us);
+            })
+            .await;
+        self.circuit.observe(&adopted);
+        match adopted.map_err(|e| unavailable(Op::Acquire, e))? {
+            1 => {
+                tracing::info!(host = %host, "a request admitted in-process now counts in Redis");
+                let local = Permit::new(host.clone(), Duration::ZERO, || {});
+                Ok(Some(self.permit(
+                    host,
+                    Duration::ZERO,
+                    keys,
+                    token,
+                    local,
+                    Handle::current(),
+                )))
+            }
+            _ => {
+                tracing::warn!(host = %host, "another replica held the host when Redis came back; the request in flight overlaps it");
+                Ok(None)
+            }
         }
     }
 

@@ -63,3 +63,4 @@ pub(crate) static RENEW: LazyLock<LuaScript> = script!("renew.lua");
 pub(crate) static PENALIZE: LazyLock<LuaScript> = script!("penalize.lua");
 pub(crate) static AGREE: LazyLock<LuaScript> = script!("agree.lua");
 pub(crate) static REGISTER: LazyLock<LuaScript> = script!("register.lua");
+pub(crate) static ADOPT: LazyLock<LuaScript> = script!("adopt.lua");

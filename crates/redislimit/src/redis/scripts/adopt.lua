@@ -1,0 +1,44 @@
+-- adopt.lua: count a request already in flight, admitted in-process while
+-- Redis was unavailable, against the host's shared limits.
+--
+-- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   (layout in acquire.lua)
+-- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
+-- ARGV[4] min_delay   ARGV[5] how long ago it was sent (µs)
+-- ARGV[6] quota (0 = off)   ARGV[7] window
+--
+-- Returns 1 when the request now holds a slot (renewed and released like
+-- any other), 0 when another holder has the host (serialized mode): the
+-- overlap already happened and is not made worse by taking its place.
+local gate, leases, admits = KEYS[1], KEYS[2], KEYS[3]
+local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local min_delay, ago = tonumber(ARGV[4]), tonumber(ARGV[5])
+local quota, window = tonumber(ARGV[6]), tonumber(ARGV[7])
+local now = clock()
+local sent = now - ago
+
+local state = redis.call('HMGET', gate, 'next', 'holder', 'busy')
+local nxt, holder, busy = number(state[1]), state[2], number(state[3])
+if nxt == nil or busy == nil then
+  return corrupt(gate)
+end
+local deadline = now + lease_ttl
+nxt = math.max(nxt, sent + min_delay)
+if cap == 0 then
+  if holder and holder ~= token and busy > now then
+    return 0
+  end
+  redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
+  extend(gate, math.max(nxt, deadline + min_delay) - now)
+else
+  if nxt > now then
+    redis.call('HSET', gate, 'next', int(nxt))
+    extend(gate, nxt - now)
+  end
+  redis.call('ZADD', leases, int(deadline), token)
+  extend(leases, lease_ttl)
+end
+if quota > 0 and sent + window > now then
+  redis.call('ZADD', admits, int(sent), token)
+  extend(admits, sent + window - now)
+end
+return 1
