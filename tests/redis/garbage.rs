@@ -1,19 +1,45 @@
-//! Garbage in the limiter's keys: a typed `Unavailable` error, never a panic.
+//! Garbage in the limiter's keys: replaced by fresh state within one
+//! `lease_ttl` (reported), never a panic, never a host stuck forever.
 
-use redislimit::{Error, Limiter};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redislimit::{Hooks, Limiter};
 use redislimit_tests::RedisServer;
 
-use crate::{MS, host, limiter, standalone};
+use crate::{MS, bounded, host, limiter, standalone};
 
+const LEASE: Duration = Duration::from_millis(300);
+
+/// Records the keys reported as repaired.
+#[derive(Debug, Default)]
+struct Repairs(Mutex<Vec<String>>);
+
+impl Hooks for Repairs {
+    fn on_repair(&self, key: &str) {
+        self.0.lock().unwrap().push(key.to_owned());
+    }
+}
+
+/// Regression: `SET <leases-key> garbage` (or any state of the wrong type
+/// or unparseable) made the host `Unavailable` forever, and through the
+/// fallback paced N times too fast, until someone deleted the key by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_in_the_keys_is_an_unavailable_error() {
+async fn garbage_in_the_keys_is_replaced_within_one_lease() {
     let server = RedisServer::start();
     for cap in [0u32, 2] {
+        let repairs = Arc::new(Repairs::default());
         let l = limiter(
             standalone(&server.url()),
             |p| p.min_delay(10 * MS).quota(5).window(1000 * MS),
             // One key space per mode: replicas of one scope must agree.
-            |b| b.cluster_concurrency(cap).prefix(format!("cap{cap}")),
+            |b| {
+                b.cluster_concurrency(cap)
+                    .lease_ttl(LEASE)
+                    .prefix(format!("cap{cap}"))
+                    .hooks(repairs.clone())
+            },
         );
         let keys = l.keys(&host("a.test"));
         let corruptions: Vec<Vec<&str>> = vec![
@@ -24,33 +50,81 @@ async fn garbage_in_the_keys_is_an_unavailable_error() {
             vec!["HSET", &keys.gate, "busy", "-"],
             vec!["SET", &keys.leases, "not a zset"],
             vec!["LPUSH", &keys.admits, "not a zset"],
+            vec!["SET", &keys.void, "not a zset"],
         ];
         for corruption in corruptions {
-            // A lease-mode limiter never reads `busy`.
-            if cap > 0 && corruption[2] == "busy" {
-                continue;
-            }
             // A serialized limiter never reads the leases key.
             if cap == 0 && corruption[1] == keys.leases {
                 continue;
             }
-            server.command(&["DEL", &keys.gate, &keys.leases, &keys.admits]);
+            server.command(&["DEL", &keys.gate, &keys.leases, &keys.admits, &keys.void]);
             server.command(&corruption);
-            let err = l.acquire_host("t", host("a.test"), None).await.unwrap_err();
+            repairs.0.lock().unwrap().clear();
+            let start = Instant::now();
+            let permit = bounded(5, l.acquire_host("t", host("a.test"), None))
+                .await
+                .unwrap_or_else(|e| panic!("cap {cap}, {corruption:?}: {e:?}"));
+            let waited = start.elapsed();
+            // Held for one lease (whatever the garbage stood for has lapsed),
+            // then admitted from fresh state.
             assert!(
-                matches!(err, Error::Unavailable { .. }),
-                "cap {cap}, {corruption:?}: {err:?}"
+                waited + 10 * MS >= LEASE && waited < 4 * LEASE,
+                "cap {cap}, {corruption:?}: admitted after {waited:?}"
             );
-            // Penalize reads the gate's `next` only.
-            if corruption[1] == keys.gate && corruption[2] != "busy" {
-                let err = l.penalize_host(host("a.test"), 100 * MS).await.unwrap_err();
-                assert!(
-                    matches!(err, Error::Unavailable { .. }),
-                    "{corruption:?}: {err:?}"
-                );
-            }
+            assert_eq!(
+                repairs.0.lock().unwrap().as_slice(),
+                std::slice::from_ref(&keys.gate),
+                "cap {cap}, {corruption:?}: the repair was not reported once"
+            );
+            drop(permit);
+            // Paced from fresh state: the next request keeps min_delay, and
+            // a penalty is honoured.
+            tokio::time::sleep(50 * MS).await;
+            bounded(5, l.penalize_host(host("a.test"), 200 * MS))
+                .await
+                .unwrap();
+            let held = Instant::now();
+            drop(
+                bounded(5, l.acquire_host("t", host("a.test"), None))
+                    .await
+                    .unwrap(),
+            );
+            assert!(
+                held.elapsed() + 10 * MS >= 200 * MS,
+                "cap {cap}: the penalty was lost"
+            );
         }
-        server.command(&["DEL", &keys.gate, &keys.leases, &keys.admits]);
-        drop(l.acquire_host("t", host("a.test"), None).await.unwrap());
     }
+}
+
+/// A penalty, a release and a renewal that meet garbage replace it too,
+/// and never fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_heals_what_it_meets() {
+    let server = RedisServer::start();
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(10 * MS),
+        |b| b.cluster_concurrency(1).lease_ttl(LEASE),
+    );
+    let keys = l.keys(&host("b.test"));
+    server.command(&["SET", &keys.gate, "garbage"]);
+    bounded(5, l.penalize_host(host("b.test"), 10 * MS))
+        .await
+        .unwrap();
+    let held = bounded(5, l.acquire_host("t", host("b.test"), None))
+        .await
+        .unwrap();
+    // Garbage while the permit is held: the renewal and the release meet it.
+    server.command(&["SET", &keys.leases, "garbage"]);
+    tokio::time::sleep(LEASE).await;
+    drop(held);
+    tokio::time::sleep(100 * MS).await;
+    let start = Instant::now();
+    drop(
+        bounded(5, l.acquire_host("t", host("b.test"), None))
+            .await
+            .unwrap(),
+    );
+    assert!(start.elapsed() < 4 * LEASE);
 }

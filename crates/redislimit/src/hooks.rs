@@ -73,6 +73,14 @@ pub trait Hooks: Send + Sync + fmt::Debug {
         let _ = (engine, outcome, waited);
     }
 
+    /// A host's shared state at `key` was of the wrong type or unparseable
+    /// (written by something other than this library) and was replaced by
+    /// fresh state: the host is held for `lease_ttl`, so that whatever the
+    /// garbage stood for has lapsed, and then paced afresh.
+    fn on_repair(&self, key: &str) {
+        let _ = key;
+    }
+
     /// `op` failed with `error`. For a release, a renewal or a penalty this
     /// is the only place the failure is reported: those run off the
     /// caller's path.

@@ -727,6 +727,14 @@ impl Shared {
                 Op::Acquire,
                 "this acquire had been abandoned (its call timed out) before Redis ran it",
             )),
+            [0, wait, 3] if wait >= 0 => {
+                tracing::warn!(gate = %keys.gate, "pacing state of the wrong type or unparseable was replaced; the host is held for lease_ttl");
+                self.hooks.on_repair(&keys.gate);
+                Ok(Answer::Wait {
+                    wait: Duration::from_micros((wait as u64).min(self.max_wait_us)),
+                    full: false,
+                })
+            }
             [0, wait, full @ (0 | 1)] if wait >= 0 => Ok(Answer::Wait {
                 // The script caps waits at max_wait_us; so does this.
                 wait: Duration::from_micros((wait as u64).min(self.max_wait_us)),
@@ -860,7 +868,7 @@ impl Shared {
         let keys = RedisKeys::new(&self.prefix, &self.scope, &host);
         let result = PENALIZE
             .run::<i64>(&self.redis, &[keys.gate.as_str()], |cmd: &mut Cmd| {
-                cmd.arg(hold_us);
+                cmd.arg(hold_us).arg(self.lease_ttl_us);
             })
             .await;
         self.circuit.observe(&result);

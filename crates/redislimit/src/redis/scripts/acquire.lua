@@ -11,22 +11,40 @@
 --
 -- Returns {1, now} when admitted, or {0, wait, full}: no send for `wait` µs,
 -- and full = 1 when the host's in-flight cap is taken (retry soon after),
--- or {0, 0, 2} when this acquire had already been abandoned.
+-- or {0, 0, 2} when this acquire had already been abandoned, or
+-- {0, lease_ttl, 3} when the host's state was of the wrong type or
+-- unparseable: it was replaced by fresh state holding the host for
+-- lease_ttl (see heal in common.lua), and nothing else was written.
 local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = ARGV[1]
 local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = clock()
 
-if redis.call('ZSCORE', void, token) then
-  redis.call('ZREM', void, token)
-  return {0, 0, 2}
+-- Everything this script decides on is read (and checked) before anything
+-- is written; the only writes before the check drop expired entries.
+local ok_void, voided = pcall(redis.call, 'ZSCORE', void, token)
+local ok, state = pcall(redis.call, 'HMGET', gate, 'next', 'holder', 'busy')
+local nxt, holder, busy
+if ok then
+  nxt, holder, busy = number(state[1]), state[2], number(state[3])
+end
+ok = ok and ok_void and nxt ~= nil and busy ~= nil
+if ok and cap ~= 0 then
+  ok = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
+end
+if ok and quota > 0 then
+  -- An admission at `a` counts while a <= now < a + window.
+  ok = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+end
+if not ok then
+  heal(KEYS, now, lease_ttl)
+  return {0, lease_ttl, 3}
 end
 
-local state = redis.call('HMGET', gate, 'next', 'holder', 'busy')
-local nxt, holder, busy = number(state[1]), state[2], number(state[3])
-if nxt == nil or busy == nil then
-  return corrupt(gate)
+if voided then
+  redis.call('ZREM', void, token)
+  return {0, 0, 2}
 end
 
 local full = 0
@@ -41,7 +59,6 @@ if cap == 0 then
     end
   end
 else
-  redis.call('ZREMRANGEBYSCORE', leases, '-inf', int(now))
   if redis.call('ZCARD', leases) >= cap then
     full = 1
   end
@@ -49,8 +66,6 @@ end
 
 local wait = nxt - now
 if quota > 0 then
-  -- An admission at `a` counts while a <= now < a + window.
-  redis.call('ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
   local n = redis.call('ZCARD', admits)
   if n >= quota then
     local oldest = redis.call('ZRANGE', admits, n - quota, n - quota, 'WITHSCORES')

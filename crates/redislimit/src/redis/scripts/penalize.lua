@@ -2,16 +2,19 @@
 --
 -- KEYS[1] gate   (layout in acquire.lua)
 -- ARGV[1] hold (µs, already capped by the configured maximum penalty)
+-- ARGV[2] lease_ttl (how long garbage state is held off, see heal)
 --
 -- Only ever extends the hold. Returns 1 when it extended it, 0 when a
 -- longer hold was already in place.
 local gate = KEYS[1]
 local now = clock()
-local nxt = number(redis.call('HGET', gate, 'next'))
-if nxt == nil then
-  return corrupt(gate)
+local hold = tonumber(ARGV[1])
+if not sound(KEYS) then
+  heal(KEYS, now, math.max(hold, tonumber(ARGV[2])))
+  return 1
 end
-local hold_until = now + tonumber(ARGV[1])
+local nxt = number(redis.call('HGET', gate, 'next'))
+local hold_until = now + hold
 if hold_until <= nxt then
   return 0
 end

@@ -9,11 +9,16 @@
 -- ARGV[5] lease_ttl (how long an abandoned acquire may still arrive)
 --
 -- Returns 1 when the token still held its slot, 0 when it no longer did
--- (its lease lapsed, or it was never admitted).
+-- (its lease lapsed, or it was never admitted, or the host's state was
+-- garbage and has been replaced: see heal in common.lua).
 local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, min_delay = ARGV[1], tonumber(ARGV[2])
 local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local now = clock()
+if not sound(KEYS) then
+  heal(KEYS, now, lease_ttl)
+  return 0
+end
 
 local held
 if cap ~= 0 then
@@ -41,11 +46,7 @@ end
 if not held then
   return 0
 end
-local state = redis.call('HMGET', gate, 'next')
-local nxt = number(state[1])
-if nxt == nil then
-  return corrupt(gate)
-end
+local nxt = number(redis.call('HGET', gate, 'next'))
 redis.call('HDEL', gate, 'holder', 'busy')
 if not abandoned then
   -- Serialized mode: the next send waits min_delay from this completion.

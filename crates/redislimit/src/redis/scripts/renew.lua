@@ -4,11 +4,17 @@
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
 -- ARGV[4] min_delay (serialized mode: owed after a dead holder's deadline)
 --
--- Returns 1 when the lease was extended, 0 when the token had lost its slot.
+-- Returns 1 when the lease was extended, 0 when the token had lost its slot
+-- (or the host's state was garbage and has been replaced: see heal).
 local gate, leases = KEYS[1], KEYS[2]
 local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local min_delay = tonumber(ARGV[4])
-local deadline = clock() + lease_ttl
+local now = clock()
+local deadline = now + lease_ttl
+if not sound(KEYS) then
+  heal(KEYS, now, lease_ttl)
+  return 0
+end
 
 if cap == 0 then
   if redis.call('HGET', gate, 'holder') ~= token then
