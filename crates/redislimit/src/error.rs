@@ -16,7 +16,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum Error {
     /// The backend that holds the shared pacing state could not be used:
     /// connection refused, timeout, a script error, a reply of the wrong shape
-    /// or corrupted state at a key. Nothing was admitted. The cause is its
+    /// or a backend error reply. Nothing was admitted. The cause is its
     /// [`source`](std::error::Error::source).
     #[error("pacing backend unavailable during {op}")]
     Unavailable {

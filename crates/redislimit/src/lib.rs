@@ -16,7 +16,13 @@
 //!   host; its documentation explains the serialized and lease modes, when
 //!   to pick which, and how to size `lease_ttl`.
 //! - [`FallbackLimiter`] keeps retrieval going on in-process pacing while
-//!   Redis is unavailable.
+//!   Redis is unavailable; with [`RedisLimiter::with_fallback`] the
+//!   replicas together keep each host's limits meanwhile, as the
+//!   [`FallbackPolicy`] says (a registry of replicas tells each how many
+//!   share them), and requests sent during the outage count in Redis once
+//!   it is back.
+//! - Replicas of one scope must agree on the settings that decide
+//!   admission ([`RedisLimiter::check_config`], [`Error::ConfigMismatch`]).
 //!
 //! Every failure is one [`Error`]; hooks ([`Hooks`]) and `tracing` events
 //! report each decision once.

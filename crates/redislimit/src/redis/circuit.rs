@@ -83,7 +83,7 @@ impl Circuit {
 }
 
 /// Whether a failure says Redis could not be reached or did not answer (as
-/// opposed to an answer that was an error, such as corrupt state at a key).
+/// opposed to an answer that was an error reply).
 pub(crate) fn not_answering(err: &QueryError) -> bool {
     match err {
         QueryError::Pool(_) => true,

@@ -74,6 +74,18 @@ use crate::{
 /// moment, and no longer than you can afford a host to sit idle after a
 /// crash: 10-30 s suits most crawlers.
 ///
+/// # Degraded mode
+///
+/// [`with_fallback`](Self::with_fallback) keeps retrieval going while Redis
+/// is unavailable, and keeps it polite: each limiter announces itself in
+/// its scope's registry (one heartbeat a second), so every replica knows
+/// how many peers were live just before the outage, and the
+/// [`FallbackPolicy`](crate::FallbackPolicy) decides how they divide each
+/// host's limits meanwhile (by default each takes its share, in turns). A
+/// request admitted in-process and still in flight when Redis answers
+/// again is registered there (as the serialized holder or a lease) before
+/// this replica admits anything else for its host.
+///
 /// # Configuration agreement
 ///
 /// Replicas that share a scope must admit with the same settings, or the
