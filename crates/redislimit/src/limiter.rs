@@ -131,7 +131,30 @@ macro_rules! forward_limiter {
 forward_limiter!(Arc<L>, Box<L>, &L);
 
 type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
-type SentFn = Box<dyn Fn(Instant) -> Result<(), Instant> + Send + Sync>;
+
+/// What the permit of an in-crate limiter does, in one allocation.
+pub(crate) trait Admitted: Send + Sync {
+    /// The request is complete.
+    fn release(self: Box<Self>);
+    /// The request was never sent: take the admission back.
+    fn abandon(self: Box<Self>);
+    /// The request leaves at `at`; see [`Permit::try_send`].
+    fn try_send(&self, at: Instant) -> Result<(), Instant>;
+}
+
+/// How a permit is released.
+enum Release {
+    /// Closures an implementor of [`Limiter`] gave.
+    Closures {
+        release: ReleaseFn,
+        abandon: Option<ReleaseFn>,
+    },
+    /// An in-crate admission; `sent` once its send was recorded.
+    Admitted {
+        admitted: Box<dyn Admitted>,
+        sent: bool,
+    },
+}
 
 /// The right to send one request to one host.
 ///
@@ -144,9 +167,7 @@ type SentFn = Box<dyn Fn(Instant) -> Result<(), Instant> + Send + Sync>;
 pub struct Permit {
     host: HostKey,
     waited: Duration,
-    release: Option<ReleaseFn>,
-    abandon: Option<ReleaseFn>,
-    sent: Option<SentFn>,
+    release: Option<Release>,
 }
 
 impl Permit {
@@ -160,26 +181,31 @@ impl Permit {
         Self {
             host,
             waited,
-            release: Some(Box::new(release)),
-            abandon: None,
-            sent: None,
+            release: Some(Release::Closures {
+                release: Box::new(release),
+                abandon: None,
+            }),
+        }
+    }
+
+    /// A permit for an in-crate admission.
+    pub(crate) fn admitted(host: HostKey, waited: Duration, admitted: Box<dyn Admitted>) -> Self {
+        Self {
+            host,
+            waited,
+            release: Some(Release::Admitted {
+                admitted,
+                sent: false,
+            }),
         }
     }
 
     /// What [`abandon`](Self::abandon) runs instead of the release: taking
     /// the admission back. For implementors of [`Limiter`].
     pub fn on_abandon(mut self, abandon: impl FnOnce() + Send + Sync + 'static) -> Self {
-        self.abandon = Some(Box::new(abandon));
-        self
-    }
-
-    /// What [`try_send`](Self::try_send) runs: recording the instant the
-    /// request leaves, or saying how long it must still wait.
-    pub(crate) fn on_sent(
-        mut self,
-        sent: impl Fn(Instant) -> Result<(), Instant> + Send + Sync + 'static,
-    ) -> Self {
-        self.sent = Some(Box::new(sent));
+        if let Some(Release::Closures { abandon: slot, .. }) = &mut self.release {
+            *slot = Some(Box::new(abandon));
+        }
         self
     }
 
@@ -190,12 +216,12 @@ impl Permit {
     /// sent request can no longer be taken back, so
     /// [`abandon`](Self::abandon) becomes a release.
     pub(crate) fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
-        let Some(sent) = &self.sent else {
-            return Ok(());
-        };
-        sent(at)?;
-        self.sent = None;
-        self.abandon = None;
+        if let Some(Release::Admitted { admitted, sent }) = &mut self.release
+            && !*sent
+        {
+            admitted.try_send(at)?;
+            *sent = true;
+        }
         Ok(())
     }
 
@@ -218,18 +244,28 @@ impl Permit {
     /// limiter can, the admission is taken back (it counts neither in the
     /// quota nor as a completion); otherwise this is a release.
     pub fn abandon(mut self) {
-        self.sent = None;
-        if let Some(abandon) = self.abandon.take() {
-            self.release = None;
-            abandon();
+        match self.release.take() {
+            Some(Release::Closures {
+                abandon: Some(abandon),
+                ..
+            }) => abandon(),
+            Some(Release::Closures { release, .. }) => release(),
+            Some(Release::Admitted {
+                admitted,
+                sent: false,
+            }) => admitted.abandon(),
+            Some(Release::Admitted { admitted, .. }) => admitted.release(),
+            None => {}
         }
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            release();
+        match self.release.take() {
+            Some(Release::Closures { release, .. }) => release(),
+            Some(Release::Admitted { admitted, .. }) => admitted.release(),
+            None => {}
         }
     }
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::host::{Admission, Decision, HostState};
 use super::sweep::{Sweep, SweepSignal};
 use crate::hooks::WaitReport;
+use crate::limiter::Admitted;
 use crate::pacing::after;
 use crate::{BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, WaitOutcome};
 
@@ -295,11 +296,12 @@ async fn acquire(
 
 impl Inner {
     fn permit(self: &Arc<Self>, host: HostKey, waited: Duration, admission: Admission) -> Permit {
-        let (inner, undo, sent) = (Arc::clone(self), Arc::clone(self), Arc::clone(self));
-        let (key, undo_key, sent_key) = (host.clone(), host.clone(), host.clone());
-        Permit::new(host, waited, move || inner.release(&key))
-            .on_abandon(move || undo.undo(&undo_key, &admission))
-            .on_sent(move |at| sent.try_send(&sent_key, &admission, at))
+        let admitted = LocalAdmission {
+            inner: Arc::clone(self),
+            host: host.clone(),
+            admission,
+        };
+        Permit::admitted(host, waited, Box::new(admitted))
     }
 
     /// Records that an admission's request leaves at `at`, unless another
@@ -439,6 +441,27 @@ impl Shard {
             self.expiries.push(Reverse((at, host.clone())));
             sweep.schedule(at);
         }
+    }
+}
+
+/// One admission of a [`DomainLimiter`], as its permit holds it.
+struct LocalAdmission {
+    inner: Arc<Inner>,
+    host: HostKey,
+    admission: Admission,
+}
+
+impl Admitted for LocalAdmission {
+    fn release(self: Box<Self>) {
+        self.inner.release(&self.host);
+    }
+
+    fn abandon(self: Box<Self>) {
+        self.inner.undo(&self.host, &self.admission);
+    }
+
+    fn try_send(&self, at: Instant) -> Result<(), Instant> {
+        self.inner.try_send(&self.host, &self.admission, at)
     }
 }
 
