@@ -29,13 +29,18 @@ local nxt, holder, busy
 if ok then
   nxt, holder, busy = number(state[1]), state[2], number(state[3])
 end
+-- Anything but garbage (out of memory, say) is raised, not healed.
+local err = (not ok_void and voided) or (not ok and state) or nil
 ok = ok and ok_void and nxt ~= nil and busy ~= nil
 if ok and cap ~= 0 then
-  ok = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
+  ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
 end
 if ok and quota > 0 then
   -- An admission at `a` counts while a <= now < a + window.
-  ok = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+  ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+end
+if err and not ok and not is_garbage(err) then
+  error(err)
 end
 if not ok then
   heal(KEYS, now, lease_ttl)

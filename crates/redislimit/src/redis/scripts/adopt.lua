@@ -16,12 +16,13 @@ local quota, window = tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = clock()
 local sent = now - ago
 
-if not sound(KEYS) then
-  heal(KEYS, now, lease_ttl)
-  return 0
-end
+
+return guarded(function()
 local state = redis.call('HMGET', gate, 'next', 'holder', 'busy')
 local nxt, holder, busy = number(state[1]), state[2], number(state[3])
+if nxt == nil or busy == nil then
+  garbage()
+end
 local deadline = now + lease_ttl
 nxt = math.max(nxt, sent + min_delay)
 if cap == 0 then
@@ -43,3 +44,4 @@ if quota > 0 and sent + window > now then
   extend(admits, sent + window - now)
 end
 return 1
+end, now, lease_ttl, 0)

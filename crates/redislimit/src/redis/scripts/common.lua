@@ -36,20 +36,21 @@ local function extend(key, us)
   end
 end
 
--- Whether a host's keys hold what the scripts write there: KEYS[1] (the
--- gate) a HASH whose numbers parse, the others sorted sets; absent keys
--- are fine. For the scripts off the admission path (acquire checks as it
--- reads, without these calls).
-local function sound(keys)
-  for i, key in ipairs(keys) do
-    local kind = redis.call('TYPE', key)['ok']
-    local want = (i == 1) and 'hash' or 'zset'
-    if kind ~= 'none' and kind ~= want then
-      return false
-    end
-  end
-  local g = redis.call('HMGET', keys[1], 'next', 'busy')
-  return number(g[1]) ~= nil and number(g[2]) ~= nil
+-- Raised by a script that meets a value it cannot use (an unparseable
+-- number); caught by `guarded` like a command's WRONGTYPE.
+local GARBAGE = 'redislimit: garbage state'
+
+local function garbage()
+  error(GARBAGE)
+end
+
+-- Whether an error raised inside a script says the state is garbage (a
+-- key of the wrong type, a value that does not parse) rather than
+-- something else (out of memory, a script bug), which is raised on.
+local function is_garbage(err)
+  local msg = type(err) == 'table' and err.err or tostring(err)
+  return string.find(msg, 'WRONGTYPE', 1, true) ~= nil
+    or string.find(msg, GARBAGE, 1, true) ~= nil
 end
 
 -- Replaces a host's state that is of the wrong type or unparseable (it can
@@ -60,4 +61,19 @@ local function heal(keys, now, hold)
   redis.call('DEL', unpack(keys))
   redis.call('HSET', keys[1], 'next', int(now + hold))
   extend(keys[1], hold)
+end
+
+-- Runs `body` and returns what it returns; when it meets garbage, replaces
+-- the host's state (see heal, holding it for `hold`) and returns `instead`.
+-- A script runs atomically, so what `body` wrote before is never seen.
+local function guarded(body, now, hold, instead)
+  local ok, result = pcall(body)
+  if ok then
+    return result
+  end
+  if not is_garbage(result) then
+    error(result)
+  end
+  heal(KEYS, now, hold)
+  return instead
 end

@@ -9,11 +9,12 @@
 local gate = KEYS[1]
 local now = clock()
 local hold = tonumber(ARGV[1])
-if not sound(KEYS) then
-  heal(KEYS, now, math.max(hold, tonumber(ARGV[2])))
-  return 1
-end
+
+return guarded(function()
 local nxt = number(redis.call('HGET', gate, 'next'))
+if nxt == nil then
+  garbage()
+end
 local hold_until = now + hold
 if hold_until <= nxt then
   return 0
@@ -21,3 +22,4 @@ end
 redis.call('HSET', gate, 'next', int(hold_until))
 extend(gate, hold_until - now)
 return 1
+end, now, math.max(hold, tonumber(ARGV[2])), 1)

@@ -15,11 +15,8 @@ local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, min_delay = ARGV[1], tonumber(ARGV[2])
 local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local now = clock()
-if not sound(KEYS) then
-  heal(KEYS, now, lease_ttl)
-  return 0
-end
 
+return guarded(function()
 local held
 if cap ~= 0 then
   held = redis.call('ZREM', leases, token) == 1
@@ -47,6 +44,9 @@ if not held then
   return 0
 end
 local nxt = number(redis.call('HGET', gate, 'next'))
+if nxt == nil then
+  garbage()
+end
 redis.call('HDEL', gate, 'holder', 'busy')
 if not abandoned then
   -- Serialized mode: the next send waits min_delay from this completion.
@@ -55,3 +55,4 @@ if not abandoned then
   extend(gate, nxt - now)
 end
 return 1
+end, now, lease_ttl, 0)

@@ -11,10 +11,8 @@ local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local min_delay = tonumber(ARGV[4])
 local now = clock()
 local deadline = now + lease_ttl
-if not sound(KEYS) then
-  heal(KEYS, now, lease_ttl)
-  return 0
-end
+
+return guarded(function()
 
 if cap == 0 then
   if redis.call('HGET', gate, 'holder') ~= token then
@@ -31,3 +29,4 @@ end
 redis.call('ZADD', leases, 'XX', int(deadline), token)
 extend(leases, lease_ttl)
 return 1
+end, now, lease_ttl, 0)
