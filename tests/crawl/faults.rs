@@ -12,9 +12,12 @@ use redislimit_tests::{RedisServer, Upstream};
 use crate::{HOSTS, MS, SLACK, finish, spawn, spawn_all, tempdir, urls};
 
 /// How much closer than its `min_delay` two sends of one replica may
-/// arrive at the upstream: the time from admission to arrival varies by a
-/// few milliseconds between requests.
-const ARRIVAL_SLACK: Duration = Duration::from_millis(5);
+/// arrive at the upstream: the way from the crawl's record of a send to the
+/// upstream's varies. Measured here with four replicas on two cores, one
+/// request of a pair the crawl had recorded a full `min_delay` apart arrived
+/// 10.3 ms late, so 5 ms failed about one run in ten; the bursts this guards
+/// against were 3-4 ms apart.
+const ARRIVAL_SLACK: Duration = SLACK;
 
 /// No replica sent two requests to one host closer than `gap` (less the
 /// arrival slack). Returns how many (replica, host) pairs were checked.
@@ -26,14 +29,18 @@ fn assert_each_replica_spaced(
     report: &[serde_json::Value],
     fault: Instant,
 ) -> usize {
-    let stamped: BTreeMap<String, u64> = report
+    let stamped: BTreeMap<(String, String), u64> = report
         .iter()
         .filter_map(|line| {
             let url = url::Url::parse(line["url"].as_str()?).ok()?;
             let path = format!("{}?{}", url.path(), url.query().unwrap_or(""));
-            Some((path, line["start_ms"].as_u64()?))
+            Some((
+                (url.host_str()?.to_owned(), path),
+                line["start_ms"].as_u64()?,
+            ))
         })
         .collect();
+    let stamp = |r: &Request| stamped.get(&(r.host.clone(), r.path.clone())).copied();
     let mut by_sender: BTreeMap<(usize, &str), Vec<&Request>> = BTreeMap::new();
     for r in seen {
         by_sender.entry((r.replica, &r.host)).or_default().push(r);
@@ -42,7 +49,7 @@ fn assert_each_replica_spaced(
         sends.sort_by_key(|r| r.send);
         for pair in sends.windows(2) {
             let apart = pair[1].send - pair[0].send;
-            let stamps = (stamped.get(&pair[0].path), stamped.get(&pair[1].path));
+            let stamps = (stamp(pair[0]), stamp(pair[1]));
             assert!(
                 apart + ARRIVAL_SLACK >= gap,
                 "replica {replica} sent two requests to {host} {apart:?} apart, \
@@ -342,11 +349,12 @@ async fn four_replicas_through_an_outage(
     (seen, frozen, resumed)
 }
 
-/// The most requests to `host` in any 1 s, and the most in flight at once.
+/// The most requests to `host` in any 1 s (less twice the slack for where
+/// the upstream stamps arrivals), and the most in flight at once.
 fn peaks(seen: &[Request], host: &str) -> (usize, usize) {
     let reqs: Vec<Request> = seen.iter().filter(|r| r.host == host).cloned().collect();
     (
-        max_in_window(&reqs, Duration::from_secs(1) - SLACK),
+        max_in_window(&reqs, Duration::from_secs(1) - 2 * SLACK),
         max_in_flight(&reqs),
     )
 }
@@ -379,7 +387,7 @@ async fn the_default_fallback_keeps_each_hosts_rate_across_replicas() {
             })
             .collect();
         assert!(
-            rate <= 11,
+            rate <= 10,
             "{host}: {rate} requests in 1 s, more than 1 per 100 ms; \
              (ms from the freeze, replica), resumed at {:?}: {timeline:?}",
             resumed - frozen
