@@ -456,9 +456,9 @@ impl RedisLimiter {
     /// Redis is unavailable; see [`FallbackLimiter`]. While it does, the
     /// replicas together keep each host's limits as the
     /// [`FallbackPolicy`](crate::FallbackPolicy) of this limiter says (by
-    /// default they share them), using the replica registry each limiter
-    /// with a `Share` or `Partition` policy keeps up from its first acquire
-    /// (one heartbeat a second, off the admission path). The hooks move
+    /// default they share them), using the replica registry every limiter
+    /// keeps up from its first acquire (one heartbeat a second, off the
+    /// admission path). The hooks move
     /// to the fallback limiter, which reports each decision once; this
     /// limiter keeps reporting its errors.
     pub fn with_fallback(mut self) -> FallbackLimiter<Self> {

@@ -2,10 +2,9 @@
 //! so that during an outage every replica knows how many peers were live
 //! just before it, and which ones.
 //!
-//! A limiter whose fallback policy needs the registry (`Share`,
-//! `Partition`) starts a heartbeat at its first acquire, off the admission
-//! path: every second it renews its entry (which lives 3 s unrenewed) and
-//! reads the live entries. While Redis is away the heartbeat fails and the
+//! Every limiter starts a heartbeat at its first acquire, off the
+//! admission path: every second it renews its entry (which lives 3 s
+//! unrenewed) and reads the live entries. While Redis is away the heartbeat fails and the
 //! last list read stays: that is the registry "seen before the outage".
 //! The task holds the limiter weakly and ends when the limiter is dropped.
 
@@ -113,9 +112,11 @@ impl Registry {
 }
 
 impl Shared {
-    /// Starts the heartbeat unless it runs or the policy needs no registry.
+    /// Starts the heartbeat unless it runs. Every limiter announces
+    /// itself, whatever its own policy, so that replicas with another one
+    /// still count it.
     pub(super) fn ensure_heartbeat(self: &Arc<Self>) {
-        if self.fallback_policy == FallbackPolicy::Full
+        if self.registry.beating.load(Ordering::Relaxed)
             || self.registry.beating.swap(true, Ordering::AcqRel)
         {
             return;
