@@ -113,6 +113,8 @@ struct Adoptee {
 enum Adopted {
     /// In flight, not counted in the primary yet.
     Pending,
+    /// Being offered to the primary by one caller (the others skip it).
+    Offering,
     /// Counted: the primary's permit, released with the request.
     Held {
         /// Released when dropped.
@@ -132,7 +134,7 @@ impl Adoptions {
     fn add(&self, adoptee: Arc<Adoptee>) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending.push(adoptee);
-        self.count.store(pending.len(), Ordering::Release);
+        self.count.store(pending.len(), Ordering::SeqCst);
     }
 
     /// Offers the pending requests (to `only` that host, when given) to
@@ -147,30 +149,54 @@ impl Adoptions {
             .cloned()
             .collect();
         for adoptee in candidates {
-            if !matches!(*adoptee.lock(), Adopted::Pending) {
-                continue;
-            }
-            match primary
-                .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed())
-                .await
             {
-                Ok(permit) => {
-                    let mut state = adoptee.lock();
-                    if matches!(*state, Adopted::Pending) {
-                        *state = permit.map_or(Adopted::Done, |p| Adopted::Held { _permit: p });
-                    }
-                    // Released meanwhile: the permit (if any) drops here.
+                let mut state = adoptee.lock();
+                if !matches!(*state, Adopted::Pending) {
+                    continue;
                 }
-                Err(err) if err.is_unavailable() => break,
+                *state = Adopted::Offering;
+            }
+            // Put back to pending if this offer is dropped before it ends.
+            let offering = Offering(&adoptee);
+            let answer = primary
+                .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed())
+                .await;
+            std::mem::forget(offering);
+            let mut state = adoptee.lock();
+            let released = matches!(*state, Adopted::Done);
+            match answer {
+                // Released meanwhile: the permit (if any) drops here.
+                Ok(permit) if released => drop(permit),
+                Ok(permit) => {
+                    *state = permit.map_or(Adopted::Done, |p| Adopted::Held { _permit: p });
+                }
+                Err(err) if err.is_unavailable() => {
+                    if !released {
+                        *state = Adopted::Pending;
+                    }
+                    break;
+                }
                 Err(err) => {
                     tracing::warn!(host = %adoptee.host, error = %err, "a request admitted in-process could not be counted in the shared limiter");
-                    *adoptee.lock() = Adopted::Done;
+                    *state = Adopted::Done;
                 }
             }
         }
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.retain(|a| matches!(*a.lock(), Adopted::Pending));
-        self.count.store(pending.len(), Ordering::Release);
+        pending.retain(|a| matches!(*a.lock(), Adopted::Pending | Adopted::Offering));
+        self.count.store(pending.len(), Ordering::SeqCst);
+    }
+}
+
+/// An offer in progress; dropped unfinished, it puts its request back.
+struct Offering<'a>(&'a Adoptee);
+
+impl Drop for Offering<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        if matches!(*state, Adopted::Offering) {
+            *state = Adopted::Pending;
+        }
     }
 }
 
@@ -180,11 +206,11 @@ async fn adopt_in_background<P: Limiter>(primary: Arc<P>, adoptions: Arc<Adoptio
     loop {
         tokio::time::sleep(ADOPT_RETRY).await;
         adoptions.offer(&*primary, None).await;
-        if adoptions.count.load(Ordering::Acquire) == 0 {
-            adoptions.running.store(false, Ordering::Release);
+        if adoptions.count.load(Ordering::SeqCst) == 0 {
+            adoptions.running.store(false, Ordering::SeqCst);
             // One added since the last offer restarts the loop.
-            if adoptions.count.load(Ordering::Acquire) == 0
-                || adoptions.running.swap(true, Ordering::AcqRel)
+            if adoptions.count.load(Ordering::SeqCst) == 0
+                || adoptions.running.swap(true, Ordering::SeqCst)
             {
                 return;
             }
@@ -269,13 +295,17 @@ const SHARE_GRACE: Duration = Duration::from_millis(1500);
 
 impl Shares {
     /// The limiter for `n` shares of `pacing`, and when the outage began.
-    fn get(&self, n: u32, index: u32, pacing: &Pacing) -> (Instant, DomainLimiter) {
+    /// `outage` when the primary just failed (which starts the outage
+    /// again if it had ended), not when it admitted during the grace.
+    fn get(&self, n: u32, index: u32, pacing: &Pacing, outage: bool) -> (Instant, DomainLimiter) {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(share) = &mut *current
             && share.n == n
         {
             share.index = index;
-            share.ended = None;
+            if outage {
+                share.ended = None;
+            }
             return (share.began, share.limiter.clone());
         }
         let began = current.as_ref().map_or_else(Instant::now, |c| c.began);
@@ -291,25 +321,38 @@ impl Shares {
         (began, limiter)
     }
 
-    /// The primary admitted a request: the share (`n`, `index`) it must
-    /// still take its turn in, within [`SHARE_GRACE`] of the first such
-    /// answer after an outage; the registry read since may already differ
-    /// from the one the other replicas still pace by. After that the share
-    /// is forgotten.
-    fn keep_turns(&self) -> Option<(u32, u32)> {
+    /// The share (`n`, `index`) a request must take its turn in before it
+    /// asks the primary: while an outage lasts and within [`SHARE_GRACE`] of
+    /// the primary's first answer after it (the registry read since may
+    /// already differ from the one the other replicas still pace by).
+    /// `None` once the grace is over, when the share is forgotten.
+    fn turns(&self) -> Option<(u32, u32)> {
         if !self.active.load(Ordering::Acquire) {
             return None;
         }
         let now = Instant::now();
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         let share = current.as_mut()?;
-        let ended = *share.ended.get_or_insert(now);
-        if now < after(ended, SHARE_GRACE) {
+        if share
+            .ended
+            .is_none_or(|ended| now < after(ended, SHARE_GRACE))
+        {
             return Some((share.n, share.index));
         }
         *current = None;
         self.active.store(false, Ordering::Release);
         None
+    }
+
+    /// The primary admitted a request: if an outage was under way, its
+    /// grace starts now.
+    fn answered(&self) {
+        if self.active.load(Ordering::Acquire) {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(share) = &mut *current {
+                share.ended.get_or_insert_with(Instant::now);
+            }
+        }
     }
 }
 
@@ -347,14 +390,14 @@ impl<P: Limiter> FallbackLimiter<P> {
     /// any interval holds no more sends than the shared pace allows.
     async fn share(
         &self,
-        n: u32,
-        index: u32,
+        (n, index): (u32, u32),
+        outage: bool,
         engine: &str,
         host: &HostKey,
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
         let pacing = self.fallback.pacing();
-        let (began, limiter) = self.shares.get(n, index, pacing);
+        let (began, limiter) = self.shares.get(n, index, pacing, outage);
         let gap = pacing.min_delay();
         let mut from = after(began, gap);
         if let Some(last) = self.fallback.last_sent(host) {
@@ -427,6 +470,37 @@ impl Drop for Provisional {
     }
 }
 
+impl<P: Limiter + 'static> FallbackLimiter<P> {
+    /// The permit of a request sent in-process during an outage: counted in
+    /// the primary as soon as it answers again.
+    fn outage_permit(
+        &self,
+        host: HostKey,
+        waited: Duration,
+        local: Option<Permit>,
+        share: Option<Permit>,
+    ) -> Permit {
+        let adoptee = Arc::new(Adoptee {
+            host: host.clone(),
+            sent: Instant::now(),
+            state: Mutex::new(Adopted::Pending),
+        });
+        self.adoptions.add(Arc::clone(&adoptee));
+        if !self.adoptions.running.swap(true, Ordering::SeqCst) {
+            tokio::spawn(adopt_in_background(
+                Arc::clone(&self.primary),
+                Arc::clone(&self.adoptions),
+            ));
+        }
+        Permit::new(host, waited, move || {
+            let adopted = std::mem::replace(&mut *adoptee.lock(), Adopted::Done);
+            drop(adopted);
+            drop(share);
+            drop(local);
+        })
+    }
+}
+
 impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
     fn acquire_host<'a>(
         &'a self,
@@ -439,8 +513,13 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
             loop {
                 // Requests this process sent during an outage count in the
                 // primary before it admits anything else for their host.
-                if self.adoptions.count.load(Ordering::Acquire) > 0 {
-                    self.adoptions.offer(&*self.primary, Some(&host)).await;
+                if self.adoptions.count.load(Ordering::SeqCst) > 0 {
+                    let offer = self.adoptions.offer(&*self.primary, Some(&host));
+                    match deadline {
+                        // What is left is the background task's to finish.
+                        Some(deadline) => drop(tokio::time::timeout_at(deadline, offer).await),
+                        None => offer.await,
+                    }
                 }
                 // Until the primary has decided, this admission is
                 // provisional: a refusal or a dropped future takes it back.
@@ -450,22 +529,30 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                         .await
                         .map_err(|e| report.fail(e))?,
                 ));
+                // During an outage and just after it, take this replica's
+                // turn (as the replicas still pacing in-process do) before
+                // the primary is asked, so that an admission by the primary
+                // is the send it records, and one by the fallback keeps the
+                // turns too.
+                let turn = match self.shares.turns() {
+                    Some(turns) => Some((
+                        turns,
+                        Provisional(Some(
+                            self.share(turns, false, engine, &host, deadline)
+                                .await
+                                .map_err(|e| report.fail(e))?,
+                        )),
+                    )),
+                    None => None,
+                };
                 let err = match self
                     .primary
                     .acquire_host(engine, host.clone(), deadline)
                     .await
                 {
                     Ok(shared) => {
-                        // Just after an outage, take turns as the replicas
-                        // still pacing in-process do.
-                        let share = match self.shares.keep_turns() {
-                            Some((n, index)) => Some(
-                                self.share(n, index, engine, &host, deadline)
-                                    .await
-                                    .map_err(|e| report.fail(e))?,
-                            ),
-                            None => None,
-                        };
+                        self.shares.answered();
+                        let share = turn.and_then(|(_, turn)| turn.take());
                         // The request leaves now, perhaps long after the
                         // local admission (the primary may have made it
                         // wait): the local gap and quota count from now, so
@@ -492,14 +579,28 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                 {
                     return Err(report.over_budget(now, deadline, now));
                 }
+                let plan = self.outage.as_ref().map_or(Plan::Alone, |o| o.plan(&host));
+                if let Some(((n, index), turn)) = turn
+                    && plan == (Plan::Share { n, index })
+                {
+                    // The outage goes on and the turn is taken: the send
+                    // keeps this process's own gap as it leaves.
+                    let mut local = local.take();
+                    if let Some(local) = &mut local {
+                        leave(local).await;
+                    }
+                    let share = turn.take();
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    return Ok(self.outage_permit(host, waited, local, share));
+                }
                 // The provisional admission was made before the wait on the
                 // primary; sending on it now could follow this process's
                 // last send too closely, and waiters that fail over
                 // together would all go at once. Give it back and queue
                 // again for a real admission, which waits for the gap from
-                // the latest send this process made.
+                // the latest send this process made. A turn taken for the
+                // primary is given back too: the outage takes its own.
                 drop(local);
-                let plan = self.outage.as_ref().map_or(Plan::Alone, |o| o.plan(&host));
                 if plan == Plan::Defer {
                     // Another replica serves this host during the outage.
                     let retry = after(now, DEFER_RETRY);
@@ -514,40 +615,27 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                     continue;
                 }
                 tracing::warn!(host = %host, error = %err, ?plan, "pacing in-process: the shared limiter is unavailable");
-                let mut local = self
-                    .fallback
-                    .acquire_host(engine, host.clone(), deadline)
-                    .await
-                    .map_err(|e| report.fail(e))?;
+                // Taken back unless sent (a blown budget, a dropped future).
+                let local = Provisional(Some(
+                    self.fallback
+                        .acquire_host(engine, host.clone(), deadline)
+                        .await
+                        .map_err(|e| report.fail(e))?,
+                ));
                 let share = match plan {
                     Plan::Share { n, index } => Some(
-                        self.share(n, index, engine, &host, deadline)
+                        self.share((n, index), true, engine, &host, deadline)
                             .await
                             .map_err(|e| report.fail(e))?,
                     ),
                     _ => None,
                 };
-                leave(&mut local).await;
-                // Counted in the primary as soon as it answers again.
-                let adoptee = Arc::new(Adoptee {
-                    host: host.clone(),
-                    sent: Instant::now(),
-                    state: Mutex::new(Adopted::Pending),
-                });
-                self.adoptions.add(Arc::clone(&adoptee));
-                if !self.adoptions.running.swap(true, Ordering::AcqRel) {
-                    tokio::spawn(adopt_in_background(
-                        Arc::clone(&self.primary),
-                        Arc::clone(&self.adoptions),
-                    ));
+                let mut local = local.take();
+                if let Some(local) = &mut local {
+                    leave(local).await;
                 }
                 let waited = report.finish(WaitOutcome::Acquired);
-                return Ok(Permit::new(host, waited, move || {
-                    let adopted = std::mem::replace(&mut *adoptee.lock(), Adopted::Done);
-                    drop(adopted);
-                    drop(share);
-                    drop(local);
-                }));
+                return Ok(self.outage_permit(host, waited, local, share));
             }
         })
     }

@@ -771,19 +771,18 @@ impl Shared {
         let renewal = runtime
             .spawn(Arc::clone(self).renew_until_released(Arc::clone(&keys), Arc::clone(&token)))
             .abort_handle();
-        let shared = Arc::clone(self);
-        Permit::new(host, waited, move || {
-            renewal.abort();
-            // Counted before the local slot frees, so an acquire it lets in
-            // knows a release is on its way.
-            shared.releases.fetch_add(1, Ordering::AcqRel);
-            drop(local);
-            runtime.spawn(async move {
-                shared.release(&keys, &token, false).await;
-                shared.releases.fetch_sub(1, Ordering::AcqRel);
-                shared.released.notify_waiters();
-            });
-        })
+        let slot = Arc::new(Slot {
+            shared: Arc::clone(self),
+            keys,
+            token,
+            renewal,
+            runtime,
+        });
+        let taken_back = Arc::clone(&slot);
+        let local = Arc::new(std::sync::Mutex::new(Some(local)));
+        let local_back = Arc::clone(&local);
+        Permit::new(host, waited, move || slot.give_back(&local, false))
+            .on_abandon(move || taken_back.give_back(&local_back, true))
     }
 
     /// Returns the slot; `abandoned` when the caller never saw the admission.
@@ -829,11 +828,23 @@ impl Shared {
         host: HostKey,
         ago: Duration,
     ) -> Result<Option<Permit>, Error> {
-        if self.circuit.waiting() {
+        // Skips a Redis that failed moments ago, like an acquire; when the
+        // probe is due, this may be it.
+        if self.circuit.open() {
             return Err(circuit_open(Op::Acquire));
         }
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
         let token = new_token();
+        let runtime = Handle::current();
+        // Dropped mid-call, or lost with its connection, the script may still
+        // have booked the slot: the guard then releases it.
+        let mut booking = Booking {
+            shared: self,
+            keys: &keys,
+            token: &token,
+            runtime: &runtime,
+            armed: true,
+        };
         let ago_us = u64::try_from(ago.as_micros())
             .unwrap_or(u64::MAX)
             .min(crate::MAX_MICROS);
@@ -849,7 +860,10 @@ impl Shared {
             })
             .await;
         self.circuit.observe(&adopted);
-        match adopted.map_err(|e| unavailable(Op::Acquire, e))? {
+        let adopted = adopted.map_err(|e| unavailable(Op::Acquire, e));
+        booking.armed = matches!(&adopted, Err(err) if may_have_run(err));
+        drop(booking);
+        match adopted? {
             1 => {
                 tracing::info!(host = %host, "a request admitted in-process now counts in Redis");
                 let local = Permit::new(host.clone(), Duration::ZERO, || {});
@@ -859,7 +873,7 @@ impl Shared {
                     keys,
                     token,
                     local,
-                    Handle::current(),
+                    runtime,
                 )))
             }
             _ => {
@@ -896,6 +910,39 @@ impl Shared {
                 Err(err)
             }
         }
+    }
+}
+
+/// A slot a permit holds in Redis: its renewal runs until it is given back.
+struct Slot {
+    shared: Arc<Shared>,
+    keys: Arc<RedisKeys>,
+    token: Arc<str>,
+    renewal: tokio::task::AbortHandle,
+    runtime: Handle,
+}
+
+impl Slot {
+    /// Stops the renewal, frees the local slot and sends the release (as
+    /// `abandoned` when the request was never sent) off the caller's path.
+    fn give_back(&self, local: &std::sync::Mutex<Option<Permit>>, abandoned: bool) {
+        self.renewal.abort();
+        let shared = Arc::clone(&self.shared);
+        // Counted before the local slot frees, so an acquire it lets in
+        // knows a release is on its way.
+        shared.releases.fetch_add(1, Ordering::AcqRel);
+        drop(
+            local
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
+        let (keys, token) = (Arc::clone(&self.keys), Arc::clone(&self.token));
+        self.runtime.spawn(async move {
+            shared.release(&keys, &token, abandoned).await;
+            shared.releases.fetch_sub(1, Ordering::AcqRel);
+            shared.released.notify_waiters();
+        });
     }
 }
 

@@ -103,6 +103,12 @@ impl Registry {
         }
     }
 
+    /// A turn among `n` derived from this replica's id.
+    fn spare_turn(&self, n: u32) -> u32 {
+        let d = Sha256::digest(self.id.as_bytes());
+        u32::from_be_bytes([d[0], d[1], d[2], d[3]]) % n.max(1)
+    }
+
     fn peers(&self) -> Option<Arc<[String]>> {
         self.peers
             .lock()
@@ -165,10 +171,12 @@ impl Shared {
         } else {
             self.cluster_concurrency
         };
+        // Without a registry, a turn drawn from this replica's id: replicas
+        // that never saw one spread over the turns instead of sharing one.
         let index = peers
             .as_ref()
             .and_then(|p| p.iter().position(|id| *id == self.registry.id))
-            .map_or(0, |i| i as u32);
+            .map_or_else(|| self.registry.spare_turn(n), |i| i as u32);
         if self.fallback_policy == FallbackPolicy::Share && self.pacing.divides(n, cap) {
             return Plan::Share { n, index };
         }

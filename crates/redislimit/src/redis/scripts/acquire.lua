@@ -85,19 +85,7 @@ if full == 1 or wait > 0 then
 end
 
 nxt = math.max(nxt, now + min_delay)
-local deadline = now + lease_ttl
-if cap == 0 then
-  redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
-  -- A holder that dies still owes the gap after its lease deadline.
-  extend(gate, math.max(nxt, deadline + min_delay) - now)
-else
-  if nxt > now then
-    redis.call('HSET', gate, 'next', int(nxt))
-    extend(gate, nxt - now)
-  end
-  redis.call('ZADD', leases, int(deadline), token)
-  extend(leases, lease_ttl)
-end
+book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
 if quota > 0 then
   redis.call('ZADD', admits, int(now), token)
   extend(admits, window)

@@ -23,22 +23,11 @@ local nxt, holder, busy = number(state[1]), state[2], number(state[3])
 if nxt == nil or busy == nil then
   garbage()
 end
-local deadline = now + lease_ttl
 nxt = math.max(nxt, sent + min_delay)
-if cap == 0 then
-  if holder and holder ~= token and busy > now then
-    return 0
-  end
-  redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
-  extend(gate, math.max(nxt, deadline + min_delay) - now)
-else
-  if nxt > now then
-    redis.call('HSET', gate, 'next', int(nxt))
-    extend(gate, nxt - now)
-  end
-  redis.call('ZADD', leases, int(deadline), token)
-  extend(leases, lease_ttl)
+if cap == 0 and holder and holder ~= token and busy > now then
+  return 0
 end
+book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
 if quota > 0 and sent + window > now then
   redis.call('ZADD', admits, int(sent), token)
   extend(admits, sent + window - now)

@@ -36,6 +36,25 @@ local function extend(key, us)
   end
 end
 
+-- Books `token` a slot on a host, until `now + lease_ttl`: in serialized
+-- mode (cap 0) as the holder of the gate, in lease mode as a lease; and
+-- no send before `nxt`.
+local function book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
+  local deadline = now + lease_ttl
+  if cap == 0 then
+    redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
+    -- A holder that dies still owes the gap after its lease deadline.
+    extend(gate, math.max(nxt, deadline + min_delay) - now)
+  else
+    if nxt > now then
+      redis.call('HSET', gate, 'next', int(nxt))
+      extend(gate, nxt - now)
+    end
+    redis.call('ZADD', leases, int(deadline), token)
+    extend(leases, lease_ttl)
+  end
+end
+
 -- Raised by a script that meets a value it cannot use (an unparseable
 -- number); caught by `guarded` like a command's WRONGTYPE.
 local GARBAGE = 'redislimit: garbage state'
