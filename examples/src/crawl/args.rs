@@ -97,11 +97,11 @@ pub struct Args {
 /// `--fallback`: [`FallbackPolicy`] on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fallback {
-    /// [`FallbackPolicy::Share`].
+    /// Divide each host's rate, quota and cap among the live replicas.
     Share,
-    /// [`FallbackPolicy::Partition`].
+    /// Serve each host from one live replica; the others' requests wait.
     Partition,
-    /// [`FallbackPolicy::Full`].
+    /// Every replica at the full limits: N replicas send N x the rate.
     Full,
 }
 

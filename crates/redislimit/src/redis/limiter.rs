@@ -1,6 +1,7 @@
 //! `RedisLimiter`: one per-host limit shared by every replica through Redis.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -582,18 +583,9 @@ impl Shared {
         }
         // Bounded like an acquire's own call: a caller's deadline that runs
         // out is a blown budget, not a Redis failure.
-        let agreed = match deadline {
-            Some(deadline) => {
-                let bound = deadline.max(after(start, CALL_GRACE));
-                match tokio::time::timeout_at(bound, self.agree(false)).await {
-                    Ok(agreed) => agreed,
-                    Err(_) => {
-                        let now = Instant::now();
-                        return Err(report.over_budget(now, deadline, now));
-                    }
-                }
-            }
-            None => self.agree(false).await,
+        let Some(agreed) = within(deadline, self.agree(false)).await else {
+            let now = Instant::now();
+            return Err(report.over_budget(now, deadline.unwrap_or(now), now));
         };
         if let Err(err) = agreed {
             // A mismatch was reported where it was found.
@@ -636,40 +628,16 @@ impl Shared {
                 report.abandon();
                 return Err(circuit_open(Op::Acquire));
             }
-            let mut booking = Booking {
-                shared: self,
-                keys: &keys,
-                token: &token,
-                runtime: &runtime,
-                armed: true,
+            let booking = Booking::new(self, &keys, &token, &runtime);
+            let Some(answer) = within(deadline, self.try_acquire(&keys, &token)).await else {
+                // The caller's budget ran out, not Redis: a blown budget,
+                // which opens no circuit. The call may still run, so the
+                // booking stays armed.
+                drop(booking);
+                let now = Instant::now();
+                return Err(report.over_budget(now, deadline.unwrap_or(now), now));
             };
-            // The call is bounded by the caller's deadline as well as by the
-            // client's timeouts, so a slow Redis cannot hold a caller far
-            // past its budget; a call that starts at the deadline (its host
-            // frees just in time) still gets a moment to be answered.
-            let asked = Instant::now();
-            let call = self.try_acquire(&keys, &token);
-            let answer = match deadline {
-                Some(deadline) => {
-                    let bound = deadline.max(after(asked, CALL_GRACE));
-                    match tokio::time::timeout_at(bound, call).await {
-                        Ok(answer) => answer,
-                        Err(_) => {
-                            // The caller's budget ran out, not Redis: a
-                            // blown budget, which opens no circuit. The call
-                            // may still run, so the booking stays armed.
-                            drop(booking);
-                            let now = Instant::now();
-                            return Err(report.over_budget(now, deadline, now));
-                        }
-                    }
-                }
-                None => call.await,
-            };
-            // A call that lost its connection may still run: keep the guard
-            // armed so it is undone (or voided) either way.
-            booking.armed = matches!(&answer, Err(err) if may_have_run(err));
-            drop(booking);
+            booking.settle(&answer);
             let (wait, full) = match answer {
                 Ok(Answer::Admitted) => {
                     drop(polling);
@@ -838,13 +806,7 @@ impl Shared {
         let runtime = Handle::current();
         // Dropped mid-call, or lost with its connection, the script may still
         // have booked the slot: the guard then releases it.
-        let mut booking = Booking {
-            shared: self,
-            keys: &keys,
-            token: &token,
-            runtime: &runtime,
-            armed: true,
-        };
+        let booking = Booking::new(self, &keys, &token, &runtime);
         let ago_us = u64::try_from(ago.as_micros())
             .unwrap_or(u64::MAX)
             .min(crate::MAX_MICROS);
@@ -861,8 +823,7 @@ impl Shared {
             .await;
         self.circuit.observe(&adopted);
         let adopted = adopted.map_err(|e| unavailable(Op::Acquire, e));
-        booking.armed = matches!(&adopted, Err(err) if may_have_run(err));
-        drop(booking);
+        booking.settle(&adopted);
         match adopted? {
             1 => {
                 tracing::info!(host = %host, "a request admitted in-process now counts in Redis");
@@ -955,6 +916,44 @@ struct Booking<'a> {
     token: &'a Arc<str>,
     runtime: &'a Handle,
     armed: bool,
+}
+
+impl<'a> Booking<'a> {
+    /// An armed guard for a call about to be sent.
+    fn new(
+        shared: &'a Arc<Shared>,
+        keys: &'a Arc<RedisKeys>,
+        token: &'a Arc<str>,
+        runtime: &'a Handle,
+    ) -> Self {
+        Self {
+            shared,
+            keys,
+            token,
+            runtime,
+            armed: true,
+        }
+    }
+
+    /// The call ended with `answer`: nothing to take back unless it lost its
+    /// connection after being sent (it may still run).
+    fn settle<T>(mut self, answer: &Result<T, Error>) {
+        self.armed = matches!(answer, Err(err) if may_have_run(err));
+    }
+}
+
+/// Runs `call`, bounded by the caller's deadline as well as by the client's
+/// timeouts, so a slow Redis cannot hold a caller far past its budget; a
+/// call that starts at the deadline (its host frees just in time) still
+/// gets [`CALL_GRACE`] to be answered. `None` when the budget ran out.
+async fn within<T>(deadline: Option<Instant>, call: impl Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(deadline) => {
+            let bound = deadline.max(after(Instant::now(), CALL_GRACE));
+            tokio::time::timeout_at(bound, call).await.ok()
+        }
+        None => Some(call.await),
+    }
 }
 
 impl Drop for Booking<'_> {
