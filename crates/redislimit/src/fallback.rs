@@ -260,6 +260,16 @@ fn until_turn(gap: Duration, n: u32, index: u32) -> Duration {
     Duration::from_micros(u64::try_from(wait).unwrap_or(u64::MAX))
 }
 
+/// How long after its turn begins a request taking turns may still leave
+/// through the primary: a tenth of the gap, at most 10 ms. Replicas still
+/// pacing in-process send at their slots' starts, so a send this late in
+/// its own slot keeps the shared pace over any interval up to this. `None`
+/// without a gap, when there are no slots.
+fn turn_window(pacing: &Pacing) -> Option<Duration> {
+    let gap = pacing.min_delay();
+    (!gap.is_zero()).then(|| (gap / 10).min(Duration::from_millis(10)))
+}
+
 /// How soon a deferred acquire asks the primary again.
 const DEFER_RETRY: Duration = Duration::from_secs(1);
 
@@ -545,13 +555,30 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                     )),
                     None => None,
                 };
+                // A turn is a slot's start: the primary must admit within a
+                // moment of it, or the send would leave in the next
+                // replica's slot (which may still be pacing in-process).
+                let turn_ends = turn
+                    .as_ref()
+                    .and_then(|_| turn_window(self.fallback.pacing()))
+                    .map(|window| after(Instant::now(), window));
+                let ask_until = match (deadline, turn_ends) {
+                    (Some(d), Some(t)) => Some(d.min(t)),
+                    (d, t) => d.or(t),
+                };
                 let err = match self
                     .primary
-                    .acquire_host(engine, host.clone(), deadline)
+                    .acquire_host(engine, host.clone(), ask_until)
                     .await
                 {
                     Ok(shared) => {
                         self.shares.answered();
+                        if turn_ends.is_some_and(|ends| Instant::now() > ends) {
+                            // Admitted too late for this turn: not sent,
+                            // taken back; the next turn asks again.
+                            shared.abandon();
+                            continue;
+                        }
                         let share = turn.and_then(|(_, turn)| turn.take());
                         // The request leaves now, perhaps long after the
                         // local admission (the primary may have made it
@@ -570,6 +597,14 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                         }));
                     }
                     Err(err) if err.is_unavailable() => err,
+                    Err(Error::WaitBudget { .. })
+                        if deadline.is_none_or(|d| Instant::now() < d) =>
+                    {
+                        // The primary answered, but not within this turn
+                        // (the caller's budget is not spent): the next turn.
+                        self.shares.answered();
+                        continue;
+                    }
                     Err(err) => return Err(report.fail(err)),
                 };
                 // The primary may have taken the budget to fail.
