@@ -97,7 +97,13 @@ impl Upstream {
         format!("http://{host}:{}{path}", self.addr.port())
     }
 
-    /// What the server saw.
+    /// A URL on `host` answering `code` (a 3xx) with `Location: to`.
+    pub fn redirect_url(&self, host: &str, to: &str, code: u16) -> String {
+        let to: String = url::form_urlencoded::byte_serialize(to.as_bytes()).collect();
+        self.url(host, &format!("/redirect?code={code}&to={to}"))
+    }
+
+    /// The recorder of every request served.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
     }
@@ -152,6 +158,21 @@ fn answer(req: http::Request<Incoming>, recorder: Arc<Recorder>) -> Response<Rec
                         header::RETRY_AFTER,
                         httpdate::fmt_http_date(now + Duration::from_secs(secs)),
                     );
+            }
+            Chunks::new(1, Duration::ZERO)
+        }
+        "/redirect" => {
+            // `/redirect?to=<percent-encoded URL>&code=<3xx>`: the whole
+            // target, so chains and cross-host hops can be built.
+            let to = req.uri().query().and_then(|q| {
+                url::form_urlencoded::parse(q.as_bytes())
+                    .find(|(k, _)| k == "to")
+                    .map(|(_, v)| v.into_owned())
+            });
+            let code = number("code").and_then(|c| StatusCode::from_u16(c as u16).ok());
+            response = response.status(code.unwrap_or(StatusCode::FOUND));
+            if let Some(to) = to {
+                response = response.header(header::LOCATION, to);
             }
             Chunks::new(1, Duration::ZERO)
         }
