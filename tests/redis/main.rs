@@ -12,6 +12,7 @@ mod garbage;
 mod leases;
 mod modes;
 mod renewal;
+mod shutdown;
 mod topologies;
 
 use std::future::Future;

@@ -50,6 +50,20 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// The limiter was closed ([`Limiter::close`](crate::Limiter::close)):
+    /// it admits nothing any more. Nothing was admitted.
+    #[error("the limiter is closed")]
+    Closed,
+
+    /// [`Limiter::close`](crate::Limiter::close) reached its deadline with
+    /// releases still on their way to the shared backend; their hosts stay
+    /// booked until the leases lapse.
+    #[error("{pending} release(s) had not reached the pacing backend by the close deadline")]
+    CloseIncomplete {
+        /// Releases still pending.
+        pending: usize,
+    },
+
     /// The pacing configuration was refused at construction.
     #[error(transparent)]
     InvalidConfig(#[from] ConfigError),
@@ -104,6 +118,8 @@ pub enum Op {
     Penalize,
     /// Checking that the backend answers.
     Ping,
+    /// Shutting the limiter down (waiting for its pending releases).
+    Close,
 }
 
 impl Op {
@@ -115,6 +131,7 @@ impl Op {
             Self::Renew => "renew",
             Self::Penalize => "penalize",
             Self::Ping => "ping",
+            Self::Close => "close",
         }
     }
 }

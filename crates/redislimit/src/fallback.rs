@@ -71,6 +71,15 @@ pub struct FallbackLimiter<P> {
     /// Requests admitted in-process during an outage, still to be counted
     /// in the primary once it answers.
     adoptions: Arc<Adoptions>,
+    /// Set by [`Limiter::close`]; wakes the acquires under way.
+    closing: Arc<Closing>,
+}
+
+/// Whether a limiter was closed, and a wake-up for its waiters when it is.
+#[derive(Debug, Default)]
+struct Closing {
+    closed: AtomicBool,
+    notify: tokio::sync::Notify,
 }
 
 impl<P> Clone for FallbackLimiter<P> {
@@ -82,6 +91,7 @@ impl<P> Clone for FallbackLimiter<P> {
             outage: self.outage.clone(),
             shares: Arc::clone(&self.shares),
             adoptions: Arc::clone(&self.adoptions),
+            closing: Arc::clone(&self.closing),
         }
     }
 }
@@ -377,6 +387,7 @@ impl<P: Limiter> FallbackLimiter<P> {
             outage: None,
             shares: Arc::default(),
             adoptions: Arc::default(),
+            closing: Arc::default(),
         }
     }
 
@@ -519,159 +530,29 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
-            let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
-            loop {
-                // Requests this process sent during an outage count in the
-                // primary before it admits anything else for their host.
-                if self.adoptions.count.load(Ordering::SeqCst) > 0 {
-                    let offer = self.adoptions.offer(&*self.primary, Some(&host));
-                    match deadline {
-                        // What is left is the background task's to finish.
-                        Some(deadline) => drop(tokio::time::timeout_at(deadline, offer).await),
-                        None => offer.await,
-                    }
-                }
-                // Until the primary has decided, this admission is
-                // provisional: a refusal or a dropped future takes it back.
-                let local = Provisional(Some(
-                    self.fallback
-                        .acquire_host(engine, host.clone(), deadline)
-                        .await
-                        .map_err(|e| report.fail(e))?,
-                ));
-                // During an outage and just after it, take this replica's
-                // turn (as the replicas still pacing in-process do) before
-                // the primary is asked, so that an admission by the primary
-                // is the send it records, and one by the fallback keeps the
-                // turns too.
-                let turn = match self.shares.turns() {
-                    Some(turns) => Some((
-                        turns,
-                        Provisional(Some(
-                            self.share(turns, false, engine, &host, deadline)
-                                .await
-                                .map_err(|e| report.fail(e))?,
-                        )),
-                    )),
-                    None => None,
-                };
-                // A turn is a slot's start: the primary must admit within a
-                // moment of it, or the send would leave in the next
-                // replica's slot (which may still be pacing in-process).
-                let turn_ends = turn
-                    .as_ref()
-                    .and_then(|_| turn_window(self.fallback.pacing()))
-                    .map(|window| after(Instant::now(), window));
-                let ask_until = match (deadline, turn_ends) {
-                    (Some(d), Some(t)) => Some(d.min(t)),
-                    (d, t) => d.or(t),
-                };
-                let err = match self
-                    .primary
-                    .acquire_host(engine, host.clone(), ask_until)
-                    .await
-                {
-                    Ok(shared) => {
-                        self.shares.answered();
-                        if turn_ends.is_some_and(|ends| Instant::now() > ends) {
-                            // Admitted too late for this turn: not sent,
-                            // taken back; the next turn asks again.
-                            shared.abandon();
-                            continue;
-                        }
-                        let share = turn.and_then(|(_, turn)| turn.take());
-                        // The request leaves now, perhaps long after the
-                        // local admission (the primary may have made it
-                        // wait): the local gap and quota count from now, so
-                        // the next send keeps this process's own spacing
-                        // whoever admits it.
-                        let mut local = local.take();
-                        if let Some(local) = &mut local {
-                            leave(local).await;
-                        }
-                        let waited = report.finish(WaitOutcome::Acquired);
-                        return Ok(Permit::new(host, waited, move || {
-                            drop(share);
-                            drop(shared);
-                            drop(local);
-                        }));
-                    }
-                    Err(err) if err.is_unavailable() => err,
-                    Err(Error::WaitBudget { .. })
-                        if deadline.is_none_or(|d| Instant::now() < d) =>
-                    {
-                        // The primary answered, but not within this turn
-                        // (the caller's budget is not spent): the next turn.
-                        self.shares.answered();
-                        continue;
-                    }
-                    Err(err) => return Err(report.fail(err)),
-                };
-                // The primary may have taken the budget to fail.
-                let now = Instant::now();
-                if let Some(deadline) = deadline
-                    && now >= deadline
-                {
-                    return Err(report.over_budget(now, deadline, now));
-                }
-                let plan = self.outage.as_ref().map_or(Plan::Alone, |o| o.plan(&host));
-                if let Some(((n, index), turn)) = turn
-                    && plan == (Plan::Share { n, index })
-                {
-                    // The outage goes on and the turn is taken: the send
-                    // keeps this process's own gap as it leaves.
-                    let mut local = local.take();
-                    if let Some(local) = &mut local {
-                        leave(local).await;
-                    }
-                    let share = turn.take();
-                    let waited = report.finish(WaitOutcome::Acquired);
-                    return Ok(self.outage_permit(host, waited, local, share));
-                }
-                // The provisional admission was made before the wait on the
-                // primary; sending on it now could follow this process's
-                // last send too closely, and waiters that fail over
-                // together would all go at once. Give it back and queue
-                // again for a real admission, which waits for the gap from
-                // the latest send this process made. A turn taken for the
-                // primary is given back too: the outage takes its own.
-                drop(local);
-                if plan == Plan::Defer {
-                    // Another replica serves this host during the outage.
-                    let retry = after(now, DEFER_RETRY);
-                    match deadline {
-                        Some(deadline) if retry >= deadline => {
-                            tokio::time::sleep_until(deadline).await;
-                            let now = Instant::now();
-                            return Err(report.over_budget(retry, deadline, now));
-                        }
-                        _ => tokio::time::sleep_until(retry).await,
-                    }
-                    continue;
-                }
-                tracing::warn!(host = %host, error = %err, ?plan, "pacing in-process: the shared limiter is unavailable");
-                // Taken back unless sent (a blown budget, a dropped future).
-                let local = Provisional(Some(
-                    self.fallback
-                        .acquire_host(engine, host.clone(), deadline)
-                        .await
-                        .map_err(|e| report.fail(e))?,
-                ));
-                let share = match plan {
-                    Plan::Share { n, index } => Some(
-                        self.share((n, index), true, engine, &host, deadline)
-                            .await
-                            .map_err(|e| report.fail(e))?,
-                    ),
-                    _ => None,
-                };
-                let mut local = local.take();
-                if let Some(local) = &mut local {
-                    leave(local).await;
-                }
-                let waited = report.finish(WaitOutcome::Acquired);
-                return Ok(self.outage_permit(host, waited, local, share));
+            let closing = self.closing.notify.notified();
+            tokio::pin!(closing);
+            closing.as_mut().enable();
+            if self.closing.closed.load(Ordering::SeqCst) {
+                return Err(Error::Closed);
             }
+            tokio::select! {
+                biased;
+                acquired = self.acquire_either(engine, host, deadline) => acquired,
+                // Dropped as a cancelled acquire: given back everywhere.
+                () = closing => Err(Error::Closed),
+            }
+        })
+    }
+
+    /// Closes the fallback and the primary (waiting for the primary's
+    /// pending releases, as it does).
+    fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            self.closing.closed.store(true, Ordering::SeqCst);
+            self.closing.notify.notify_waiters();
+            self.fallback.close(deadline).await?;
+            self.primary.close(deadline).await
         })
     }
 
@@ -688,5 +569,168 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                 result => result,
             }
         })
+    }
+}
+
+impl<P: Limiter + 'static> FallbackLimiter<P> {
+    /// [`Limiter::acquire_host`] through the primary, or the fallback while
+    /// the primary is unavailable.
+    async fn acquire_either(
+        &self,
+        engine: &str,
+        host: HostKey,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Error> {
+        let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
+        loop {
+            // Requests this process sent during an outage count in the
+            // primary before it admits anything else for their host.
+            if self.adoptions.count.load(Ordering::SeqCst) > 0 {
+                let offer = self.adoptions.offer(&*self.primary, Some(&host));
+                match deadline {
+                    // What is left is the background task's to finish.
+                    Some(deadline) => drop(tokio::time::timeout_at(deadline, offer).await),
+                    None => offer.await,
+                }
+            }
+            // Until the primary has decided, this admission is
+            // provisional: a refusal or a dropped future takes it back.
+            let local = Provisional(Some(
+                self.fallback
+                    .acquire_host(engine, host.clone(), deadline)
+                    .await
+                    .map_err(|e| report.fail(e))?,
+            ));
+            // During an outage and just after it, take this replica's
+            // turn (as the replicas still pacing in-process do) before
+            // the primary is asked, so that an admission by the primary
+            // is the send it records, and one by the fallback keeps the
+            // turns too.
+            let turn = match self.shares.turns() {
+                Some(turns) => Some((
+                    turns,
+                    Provisional(Some(
+                        self.share(turns, false, engine, &host, deadline)
+                            .await
+                            .map_err(|e| report.fail(e))?,
+                    )),
+                )),
+                None => None,
+            };
+            // A turn is a slot's start: the primary must admit within a
+            // moment of it, or the send would leave in the next
+            // replica's slot (which may still be pacing in-process).
+            let turn_ends = turn
+                .as_ref()
+                .and_then(|_| turn_window(self.fallback.pacing()))
+                .map(|window| after(Instant::now(), window));
+            let ask_until = match (deadline, turn_ends) {
+                (Some(d), Some(t)) => Some(d.min(t)),
+                (d, t) => d.or(t),
+            };
+            let err = match self
+                .primary
+                .acquire_host(engine, host.clone(), ask_until)
+                .await
+            {
+                Ok(shared) => {
+                    self.shares.answered();
+                    if turn_ends.is_some_and(|ends| Instant::now() > ends) {
+                        // Admitted too late for this turn: not sent,
+                        // taken back; the next turn asks again.
+                        shared.abandon();
+                        continue;
+                    }
+                    let share = turn.and_then(|(_, turn)| turn.take());
+                    // The request leaves now, perhaps long after the
+                    // local admission (the primary may have made it
+                    // wait): the local gap and quota count from now, so
+                    // the next send keeps this process's own spacing
+                    // whoever admits it.
+                    let mut local = local.take();
+                    if let Some(local) = &mut local {
+                        leave(local).await;
+                    }
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    return Ok(Permit::new(host, waited, move || {
+                        drop(share);
+                        drop(shared);
+                        drop(local);
+                    }));
+                }
+                Err(err) if err.is_unavailable() => err,
+                Err(Error::WaitBudget { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
+                    // The primary answered, but not within this turn
+                    // (the caller's budget is not spent): the next turn.
+                    self.shares.answered();
+                    continue;
+                }
+                Err(err) => return Err(report.fail(err)),
+            };
+            // The primary may have taken the budget to fail.
+            let now = Instant::now();
+            if let Some(deadline) = deadline
+                && now >= deadline
+            {
+                return Err(report.over_budget(now, deadline, now));
+            }
+            let plan = self.outage.as_ref().map_or(Plan::Alone, |o| o.plan(&host));
+            if let Some(((n, index), turn)) = turn
+                && plan == (Plan::Share { n, index })
+            {
+                // The outage goes on and the turn is taken: the send
+                // keeps this process's own gap as it leaves.
+                let mut local = local.take();
+                if let Some(local) = &mut local {
+                    leave(local).await;
+                }
+                let share = turn.take();
+                let waited = report.finish(WaitOutcome::Acquired);
+                return Ok(self.outage_permit(host, waited, local, share));
+            }
+            // The provisional admission was made before the wait on the
+            // primary; sending on it now could follow this process's
+            // last send too closely, and waiters that fail over
+            // together would all go at once. Give it back and queue
+            // again for a real admission, which waits for the gap from
+            // the latest send this process made. A turn taken for the
+            // primary is given back too: the outage takes its own.
+            drop(local);
+            if plan == Plan::Defer {
+                // Another replica serves this host during the outage.
+                let retry = after(now, DEFER_RETRY);
+                match deadline {
+                    Some(deadline) if retry >= deadline => {
+                        tokio::time::sleep_until(deadline).await;
+                        let now = Instant::now();
+                        return Err(report.over_budget(retry, deadline, now));
+                    }
+                    _ => tokio::time::sleep_until(retry).await,
+                }
+                continue;
+            }
+            tracing::warn!(host = %host, error = %err, ?plan, "pacing in-process: the shared limiter is unavailable");
+            // Taken back unless sent (a blown budget, a dropped future).
+            let local = Provisional(Some(
+                self.fallback
+                    .acquire_host(engine, host.clone(), deadline)
+                    .await
+                    .map_err(|e| report.fail(e))?,
+            ));
+            let share = match plan {
+                Plan::Share { n, index } => Some(
+                    self.share((n, index), true, engine, &host, deadline)
+                        .await
+                        .map_err(|e| report.fail(e))?,
+                ),
+                _ => None,
+            };
+            let mut local = local.take();
+            if let Some(local) = &mut local {
+                leave(local).await;
+            }
+            let waited = report.finish(WaitOutcome::Acquired);
+            return Ok(self.outage_permit(host, waited, local, share));
+        }
     }
 }

@@ -74,6 +74,24 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// Shuts the limiter down: from now on acquires fail with
+    /// [`Error::Closed`], and those waiting wake with it; permits already
+    /// granted stay valid and release as usual. The future ends once every
+    /// release that is on its way to a shared backend has landed, or at
+    /// `deadline`, whichever is first; at the deadline it fails with
+    /// [`Error::CloseIncomplete`] (also reported to the hooks), and the
+    /// releases still pending end with their leases.
+    ///
+    /// A program calls it (after dropping its permits) before it ends:
+    /// releases go out on spawned tasks, and a runtime that stops first
+    /// takes them with it, leaving the host booked in Redis until the lease
+    /// runs out. Calling it again waits again. The default does nothing,
+    /// for limiters that hold nothing to flush.
+    fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
+        let _ = deadline;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// [`acquire_host`](Self::acquire_host) for the host of `url`; a URL
     /// without a host fails with [`Error::InvalidUrl`].
     fn acquire<'a>(
@@ -123,6 +141,10 @@ macro_rules! forward_limiter {
                 ago: Duration,
             ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
                 (**self).adopt_host(host, ago)
+            }
+
+            fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
+                (**self).close(deadline)
             }
         }
     )*};

@@ -4,7 +4,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -69,6 +69,8 @@ struct Inner {
     hasher: RandomState,
     next_id: AtomicU64,
     sweep: Arc<SweepSignal>,
+    /// Set by [`Limiter::close`]: nothing is admitted any more.
+    closed: AtomicBool,
 }
 
 /// One slice of the host map. A `std::sync::Mutex`, not Tokio's: every
@@ -122,6 +124,7 @@ impl DomainLimiter {
                 hasher: RandomState::new(),
                 next_id: AtomicU64::new(0),
                 sweep: Arc::new(SweepSignal::new()),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -174,6 +177,21 @@ impl Limiter for DomainLimiter {
         self.inner.penalize(host, hold);
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// Refuses every acquire from now on and wakes the waiting ones with
+    /// [`Error::Closed`]; releases are in-process, so nothing is pending.
+    fn close(&self, _deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        for shard in &self.inner.shards {
+            for entry in lock(shard).hosts.values() {
+                for waiter in &entry.queue {
+                    // A stored permit: a waiter about to park still wakes.
+                    waiter.wake.notify_one();
+                }
+            }
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// What the loop in [`acquire`] does next.
@@ -201,6 +219,13 @@ async fn acquire(
     // Fast path: nobody waiting and the host ready. Otherwise join the line.
     let (id, wake) = {
         let mut guard = lock(shard);
+        // Under the shard's lock, which `close` takes after setting the
+        // flag: a waiter queued here is either refused or woken by it.
+        if inner.closed.load(Ordering::SeqCst) {
+            drop(guard);
+            report.abandon();
+            return Err(Error::Closed);
+        }
         let entry = guard.entry(&host, start);
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
             let admission = entry.state.admit(start, pacing);
@@ -232,6 +257,10 @@ async fn acquire(
 
     loop {
         let now = Instant::now();
+        if inner.closed.load(Ordering::SeqCst) {
+            // `place` leaves the line as it drops.
+            return Err(Error::Closed);
+        }
         let step = {
             let mut guard = lock(shard);
             let entry = guard.entry(&host, now);

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::{Cmd, RedisError};
@@ -167,6 +167,9 @@ pub(super) struct Shared {
     /// Releases spawned and not yet answered, and a wake-up when one is.
     pub(super) releases: AtomicUsize,
     pub(super) released: Notify,
+    /// Set by [`Limiter::close`]; `closing` wakes the acquires under way.
+    pub(super) closed: AtomicBool,
+    pub(super) closing: Notify,
     /// Whether Redis is skipped for now after it failed to answer.
     pub(super) circuit: Circuit,
     /// This limiter's part in its scope's configuration record.
@@ -329,6 +332,8 @@ impl RedisLimiterBuilder {
                 pollers: DomainLimiter::new(Pacing::default()),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
+                closed: AtomicBool::new(false),
+                closing: Notify::new(),
                 circuit: Circuit::new(),
                 registry: Registry::new(&self.prefix, &self.scope),
                 fallback_policy: self.fallback_policy,
@@ -500,7 +505,27 @@ impl Limiter for RedisLimiter {
         } else {
             &NoHooks
         };
-        Box::pin(self.shared.acquire(hooks, engine, host, deadline))
+        Box::pin(async move {
+            let shared = &self.shared;
+            // Listening before the flag is read: a close in between still
+            // wakes this acquire.
+            let closing = shared.closing.notified();
+            tokio::pin!(closing);
+            closing.as_mut().enable();
+            if shared.closed.load(Ordering::SeqCst) {
+                return Err(Error::Closed);
+            }
+            tokio::select! {
+                biased;
+                acquired = shared.acquire(hooks, engine, host, deadline) => acquired,
+                // The acquire is dropped, as a cancelled one: it books nothing.
+                () = closing => Err(Error::Closed),
+            }
+        })
+    }
+
+    fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(self.shared.close(deadline))
     }
 
     fn penalize_host<'a>(
@@ -683,6 +708,39 @@ impl Shared {
                 }
             } else {
                 tokio::time::sleep_until(wake).await;
+            }
+        }
+    }
+
+    /// See [`Limiter::close`].
+    async fn close(&self, deadline: Option<Instant>) -> Result<(), Error> {
+        self.closed.store(true, Ordering::SeqCst);
+        self.closing.notify_waiters();
+        // Wakes the acquires queued in this process with `Closed` too.
+        for queue in [&self.local, &self.pollers] {
+            queue.close(None).await?;
+        }
+        loop {
+            let landed = self.released.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            let pending = self.releases.load(Ordering::Acquire);
+            if pending == 0 {
+                return Ok(());
+            }
+            let Some(deadline) = deadline else {
+                landed.await;
+                continue;
+            };
+            if tokio::time::timeout_at(deadline, landed).await.is_err() {
+                let pending = self.releases.load(Ordering::Acquire);
+                if pending == 0 {
+                    return Ok(());
+                }
+                let err = Error::CloseIncomplete { pending };
+                tracing::warn!(scope = %self.scope, pending, "closed with releases still pending");
+                self.hooks.on_error(Op::Close, &err);
+                return Err(err);
             }
         }
     }
@@ -888,22 +946,44 @@ impl Slot {
     /// `abandoned` when the request was never sent) off the caller's path.
     fn give_back(&self, local: &std::sync::Mutex<Option<Permit>>, abandoned: bool) {
         self.renewal.abort();
-        let shared = Arc::clone(&self.shared);
         // Counted before the local slot frees, so an acquire it lets in
         // knows a release is on its way.
-        shared.releases.fetch_add(1, Ordering::AcqRel);
+        let pending = Pending::new(&self.shared);
         drop(
             local
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take(),
         );
-        let (keys, token) = (Arc::clone(&self.keys), Arc::clone(&self.token));
-        self.runtime.spawn(async move {
-            shared.release(&keys, &token, abandoned).await;
-            shared.releases.fetch_sub(1, Ordering::AcqRel);
-            shared.released.notify_waiters();
+        pending.send(&self.runtime, &self.keys, &self.token, abandoned);
+    }
+}
+
+/// A release counted as on its way to Redis (which acquires listen for and
+/// [`Shared::close`] waits for) until it has landed or given up.
+struct Pending(Arc<Shared>);
+
+impl Pending {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.releases.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(shared))
+    }
+
+    /// Sends the release of `token` on a task of `runtime`.
+    fn send(self, runtime: &Handle, keys: &Arc<RedisKeys>, token: &Arc<str>, abandoned: bool) {
+        let (keys, token) = (Arc::clone(keys), Arc::clone(token));
+        runtime.spawn(async move {
+            self.0.release(&keys, &token, abandoned).await;
+            drop(self);
         });
+    }
+}
+
+impl Drop for Pending {
+    /// Also when the task is dropped unfinished, by a runtime shutting down.
+    fn drop(&mut self) {
+        self.0.releases.fetch_sub(1, Ordering::AcqRel);
+        self.0.released.notify_waiters();
     }
 }
 
@@ -959,13 +1039,7 @@ async fn within<T>(deadline: Option<Instant>, call: impl Future<Output = T>) -> 
 impl Drop for Booking<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let (shared, keys, token) = (
-                Arc::clone(self.shared),
-                Arc::clone(self.keys),
-                Arc::clone(self.token),
-            );
-            self.runtime
-                .spawn(async move { shared.release(&keys, &token, true).await });
+            Pending::new(self.shared).send(self.runtime, self.keys, self.token, true);
         }
     }
 }

@@ -194,6 +194,10 @@ async fn heartbeat(weak: Weak<Shared>) {
         let Some(shared) = weak.upgrade() else {
             return;
         };
+        if shared.closed.load(Ordering::SeqCst) {
+            // Closed: the entry lapses within its TTL.
+            return;
+        }
         shared.beat().await;
         drop(shared);
         tokio::time::sleep(HEARTBEAT).await;
