@@ -31,6 +31,7 @@ use tokio::net::TcpListener;
 /// - the first request to a host named `busy.*`, and the first to the path
 ///   `/busy`: `429 Too Many Requests` with `Retry-After: 1`;
 /// - `/flaky`: `503 Service Unavailable` twice, then `200`;
+/// - `/to/HOST`: `302 Found` to `/` on `HOST` (same port);
 /// - anything else: `200` with a greeting.
 pub async fn local_upstream(quiet: bool) -> SocketAddr {
     let listener = TcpListener::bind(("127.0.0.1", 0))
@@ -75,6 +76,10 @@ pub async fn local_upstream(quiet: bool) -> SocketAddr {
                 } else if path == "/flaky" && seen(path.clone()) < 2 {
                     response = response.status(503);
                     "try again"
+                } else if let Some(target) = path.strip_prefix("/to/") {
+                    let location = format!("http://{target}:{}/", addr.port());
+                    response = response.status(302).header("location", location);
+                    "moved"
                 } else {
                     if name.starts_with("slow.") {
                         delay = Duration::from_millis(400);

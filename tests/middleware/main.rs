@@ -4,6 +4,7 @@
 
 mod reqwest_client;
 mod tower_client;
+mod tower_redirects;
 
 use std::future::Future;
 use std::time::Duration;

@@ -20,7 +20,7 @@ use crate::{HOSTS, MS, bounded, domain_limiter};
 
 /// Resolves every name to the upstream.
 #[derive(Debug, Clone)]
-struct ToUpstream(SocketAddr);
+pub(crate) struct ToUpstream(SocketAddr);
 
 impl Service<Name> for ToUpstream {
     type Response = std::iter::Once<SocketAddr>;
@@ -40,12 +40,13 @@ impl Service<Name> for ToUpstream {
 }
 
 /// A hyper-util client that resolves every name to the upstream.
-fn hyper_client(upstream: &Upstream) -> Client<HttpConnector<ToUpstream>, Empty<Bytes>> {
+pub(crate) fn hyper_client(upstream: &Upstream) -> Client<HttpConnector<ToUpstream>, Empty<Bytes>> {
     let connector = HttpConnector::new_with_resolver(ToUpstream(upstream.addr()));
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-async fn get<S>(client: &mut S, url: &str) -> Result<http::StatusCode, BoxError>
+/// GETs `url` through `client` and reads the whole body.
+pub(crate) async fn get<S>(client: &mut S, url: &str) -> Result<http::StatusCode, BoxError>
 where
     S: Service<
             http::Request<Empty<Bytes>>,

@@ -35,6 +35,8 @@ use crate::record::{Recorder, Request};
 /// - `/status?code=C&retry_in=S&date_skew=K`: the same, with the `Date`
 ///   header (and the `Retry-After` date) shifted `K` seconds into the past,
 ///   as a server with a wrong clock would send;
+/// - `/redirect?code=C&to=URL`: status `C` (a 3xx) with `Location: URL`
+///   (percent-encoded in the query; see [`Upstream::redirect_url`]);
 /// - anything else: `200 ok`.
 ///
 /// Stops when dropped.

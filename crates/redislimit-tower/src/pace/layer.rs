@@ -13,6 +13,10 @@ use super::Pace;
 
 /// Applies per-host pacing to a service; see [`Pace`].
 ///
+/// To follow redirects, put `tower_http`'s `FollowRedirectLayer` outside
+/// this layer (before it in a `ServiceBuilder`), so each hop is paced and
+/// penalized at its own host; see the [crate docs](crate#redirects).
+///
 /// Cloning the layer (or a [`Pace`] service) shares the limiter: every
 /// clone paces against the same state, which is what makes one limit per
 /// host hold across a client's clones.
