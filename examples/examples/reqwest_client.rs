@@ -23,6 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?,
     );
     let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .resolve("a.test", upstream)
         .resolve("b.test", upstream)
         .build()?;

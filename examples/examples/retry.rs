@@ -33,6 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_with_max_retries(3);
     let client = reqwest_middleware::ClientBuilder::new(
         reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .resolve("a.test", upstream)
             .build()?,
     )

@@ -3,6 +3,7 @@
 //! response ended. Pacing is checked from that record.
 
 mod reqwest_client;
+mod reqwest_redirects;
 mod tower_client;
 mod tower_redirects;
 
@@ -10,6 +11,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use redislimit::{DomainLimiter, Pacing, PacingBuilder};
+use redislimit_tests::Upstream;
+use redislimit_tests::record::Request;
 
 pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
@@ -23,4 +26,28 @@ pub(crate) async fn bounded<T>(secs: u64, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), fut)
         .await
         .unwrap_or_else(|_| panic!("did not finish within {secs}s"))
+}
+
+/// Hosts that redirect to `t.test` in the redirect scenarios.
+pub(crate) const REDIRECTORS: [&str; 5] = ["r1.test", "r2.test", "r3.test", "r4.test", "r5.test"];
+
+/// Two redirects from each of r1..r5.test to t.test, and three direct
+/// t.test requests, all at once.
+pub(crate) fn redirect_scenario(upstream: &Upstream) -> Vec<String> {
+    let mut urls = Vec::new();
+    for host in REDIRECTORS {
+        for n in 0..2 {
+            let to = upstream.url("t.test", &format!("/?via={host}&n={n}"));
+            urls.push(upstream.redirect_url(host, &to, 302));
+        }
+    }
+    for n in 0..3 {
+        urls.push(upstream.url("t.test", &format!("/?direct={n}")));
+    }
+    urls
+}
+
+/// The requests of `all` to `host`, in arrival order.
+pub(crate) fn on(all: &[Request], host: &str) -> Vec<Request> {
+    all.iter().filter(|r| r.host == host).cloned().collect()
 }

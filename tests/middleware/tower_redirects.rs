@@ -4,15 +4,13 @@
 use std::time::Duration;
 
 use redislimit_tests::Upstream;
-use redislimit_tests::record::{Request, assert_serialized, min_send_gap};
+use redislimit_tests::record::{assert_serialized, min_send_gap};
 use redislimit_tower::PaceLayer;
 use tower::ServiceBuilder;
 use tower_http::follow_redirect::FollowRedirectLayer;
 
 use crate::tower_client::{get, hyper_client};
-use crate::{MS, bounded, domain_limiter};
-
-const REDIRECTORS: [&str; 5] = ["r1.test", "r2.test", "r3.test", "r4.test", "r5.test"];
+use crate::{MS, REDIRECTORS, bounded, domain_limiter, on, redirect_scenario};
 
 /// Sends every URL at once (one task each) through clones of `client`;
 /// each must end in `200`.
@@ -38,26 +36,6 @@ where
         let (status, url) = bounded(30, task).await.unwrap();
         assert_eq!(status, 200, "{url}");
     }
-}
-
-/// Two redirects from each of r1..r5.test to t.test, and three direct
-/// t.test requests, all at once.
-fn redirect_scenario(upstream: &Upstream) -> Vec<String> {
-    let mut urls = Vec::new();
-    for host in REDIRECTORS {
-        for n in 0..2 {
-            let to = upstream.url("t.test", &format!("/?via={host}&n={n}"));
-            urls.push(upstream.redirect_url(host, &to, 302));
-        }
-    }
-    for n in 0..3 {
-        urls.push(upstream.url("t.test", &format!("/?direct={n}")));
-    }
-    urls
-}
-
-fn on(all: &[Request], host: &str) -> Vec<Request> {
-    all.iter().filter(|r| r.host == host).cloned().collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

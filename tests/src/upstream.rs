@@ -163,6 +163,15 @@ fn answer(req: http::Request<Incoming>, recorder: Arc<Recorder>) -> Response<Rec
             }
             Chunks::new(1, Duration::ZERO)
         }
+        "/loop" => {
+            // Redirects to itself, query and all.
+            let own = req.uri().path_and_query().map(|p| p.to_string());
+            response = response.status(StatusCode::FOUND);
+            if let Some(own) = own {
+                response = response.header(header::LOCATION, own);
+            }
+            Chunks::new(1, Duration::ZERO)
+        }
         "/redirect" => {
             // `/redirect?to=<percent-encoded URL>&code=<3xx>`: the whole
             // target, so chains and cross-host hops can be built.

@@ -1,6 +1,35 @@
 //! How a limiter's error travels inside `reqwest_middleware::Error`.
 
 use redislimit::{Error, HostKey};
+use reqwest::Url;
+
+/// Why [`PacingMiddleware`](crate::PacingMiddleware) stopped following
+/// redirects; inside [`reqwest_middleware::Error::Middleware`] (take it
+/// out with `anyhow::Error::downcast_ref`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedirectError {
+    /// More redirects than allowed
+    /// ([`with_max_redirects`](crate::PacingMiddleware::with_max_redirects)).
+    #[error("more than {max} redirects; the next was to {url}")]
+    TooMany {
+        /// The most allowed.
+        max: usize,
+        /// Where the one too many pointed.
+        url: Url,
+    },
+    /// A redirect back to a URL this request already visited.
+    #[error("redirect loop back to {url}")]
+    Loop {
+        /// The URL visited twice.
+        url: Url,
+    },
+}
+
+/// Wraps a redirect failure for the middleware chain.
+pub(crate) fn redirect_error(err: RedirectError) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::Middleware(anyhow::Error::new(err))
+}
 
 /// Wraps a limiter error for the middleware chain, with a message that
 /// names the host. [`pacing_error`] takes it out again.

@@ -19,7 +19,11 @@
 //!         .min_delay(Duration::from_millis(250))
 //!         .build()?,
 //! );
-//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//! // Redirects are followed by the middleware, one paced hop at a time.
+//! let http = reqwest::Client::builder()
+//!     .redirect(reqwest::redirect::Policy::none())
+//!     .build()?;
+//! let client = reqwest_middleware::ClientBuilder::new(http)
 //!     .with(PacingMiddleware::new(limiter).with_engine("crawler"))
 //!     .build();
 //! // client.get("https://example.com/").send().await? is now paced per host.
@@ -37,8 +41,8 @@
 mod error;
 mod middleware;
 
-pub use self::error::pacing_error;
-pub use self::middleware::PacingMiddleware;
+pub use self::error::{RedirectError, pacing_error};
+pub use self::middleware::{PacingMiddleware, Redirects};
 pub use redislimit;
 pub use redislimit::http::Engine;
 pub use reqwest_middleware;
