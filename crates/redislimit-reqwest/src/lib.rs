@@ -44,5 +44,5 @@ mod middleware;
 pub use self::error::{RedirectError, pacing_error};
 pub use self::middleware::{PacingMiddleware, Redirects};
 pub use redislimit;
-pub use redislimit::http::Engine;
+pub use redislimit::http::{Engine, MaxWait};
 pub use reqwest_middleware;

@@ -194,7 +194,7 @@ impl PacingMiddleware {
     ) -> Result<(Response, Permit)> {
         let host = HostKey::from_url(req.url()).map_err(|e| to_middleware(e, None))?;
         let engine = self.options.engine(extensions).clone();
-        let deadline = self.options.deadline(req.timeout().copied());
+        let deadline = self.options.deadline(extensions, req.timeout().copied());
         let permit = self
             .limiter
             .acquire_host(engine.as_str(), host.clone(), deadline)

@@ -84,4 +84,4 @@ mod pace;
 
 pub use self::pace::{Pace, PaceLayer, future};
 pub use redislimit;
-pub use redislimit::http::{Engine, PermitBody};
+pub use redislimit::http::{Engine, MaxWait, PermitBody};

@@ -35,3 +35,20 @@ impl Engine {
         &self.0
     }
 }
+
+/// A request extension bounding how long this request may wait for its
+/// host's turn, in place of the middleware's maximum wait (the request's
+/// own timeout still applies). A longer wait fails at once with
+/// [`Error::WaitBudget`](crate::Error::WaitBudget), which says how long the
+/// wait would have been: a scheduler can come back then instead of
+/// holding a connection slot meanwhile.
+///
+/// ```
+/// use std::time::Duration;
+/// use redislimit::http::MaxWait;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(MaxWait(Duration::from_millis(500)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MaxWait(pub std::time::Duration);

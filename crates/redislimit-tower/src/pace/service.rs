@@ -74,7 +74,7 @@ where
         let engine = settings.options.engine(request.extensions()).clone();
         // Tower requests carry no timeout of their own; the layer's maximum
         // wait is the budget.
-        let deadline = settings.options.deadline(None);
+        let deadline = settings.options.deadline(request.extensions(), None);
         ResponseFuture::new(settings, inner, request, host, engine, deadline)
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::{Extensions, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use super::{Engine, penalty};
+use super::{Engine, MaxWait, penalty};
 
 /// The per-request choices of a pacing middleware: which engine label a
 /// request waits under, how long it may wait, and what a `429`/`503`
@@ -56,9 +56,18 @@ impl PaceOptions {
     }
 
     /// The instant a request's wait must end by: the shorter of its own
-    /// timeout (when the client exposes one) and the maximum wait.
-    pub fn deadline(&self, request_timeout: Option<Duration>) -> Option<Instant> {
-        let budget = match (request_timeout, self.max_wait) {
+    /// timeout (when the client exposes one) and the maximum wait, which a
+    /// [`MaxWait`] extension on the request replaces.
+    pub fn deadline(
+        &self,
+        extensions: &Extensions,
+        request_timeout: Option<Duration>,
+    ) -> Option<Instant> {
+        let max_wait = extensions
+            .get::<MaxWait>()
+            .map(|m| m.0)
+            .or(self.max_wait);
+        let budget = match (request_timeout, max_wait) {
             (Some(own), Some(max)) => Some(own.min(max)),
             (own, max) => own.or(max),
         };
@@ -80,13 +89,23 @@ mod tests {
     async fn the_budget_is_the_shorter_of_the_request_timeout_and_the_maximum_wait() {
         let now = Instant::now();
         let s = Duration::from_secs;
+        let plain = Extensions::new();
         let none = PaceOptions::default();
-        assert_eq!(none.deadline(None), None);
-        assert_eq!(none.deadline(Some(s(3))), Some(now + s(3)));
+        assert_eq!(none.deadline(&plain, None), None);
+        assert_eq!(none.deadline(&plain, Some(s(3))), Some(now + s(3)));
         let capped = PaceOptions::default().with_max_wait(s(2));
-        assert_eq!(capped.deadline(None), Some(now + s(2)));
-        assert_eq!(capped.deadline(Some(s(3))), Some(now + s(2)));
-        assert_eq!(capped.deadline(Some(s(1))), Some(now + s(1)));
+        assert_eq!(capped.deadline(&plain, None), Some(now + s(2)));
+        assert_eq!(capped.deadline(&plain, Some(s(3))), Some(now + s(2)));
+        assert_eq!(capped.deadline(&plain, Some(s(1))), Some(now + s(1)));
+        // A request's own MaxWait replaces the middleware's, either way;
+        // its timeout still bounds it.
+        let mut own = Extensions::new();
+        own.insert(MaxWait(s(5)));
+        assert_eq!(capped.deadline(&own, None), Some(now + s(5)));
+        assert_eq!(capped.deadline(&own, Some(s(4))), Some(now + s(4)));
+        own.insert(MaxWait(s(1)));
+        assert_eq!(capped.deadline(&own, None), Some(now + s(1)));
+        assert_eq!(none.deadline(&own, None), Some(now + s(1)));
     }
 
     #[test]
