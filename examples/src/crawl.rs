@@ -9,37 +9,53 @@
 mod args;
 mod crawler;
 mod input;
+mod stop;
 mod summary;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use self::args::{Args, Fallback, parse_duration};
-pub use self::crawler::{Crawler, Fetched};
+pub use self::args::{Args, Fallback, Pacer, parse_duration};
+pub use self::crawler::{Crawler, Fetched, ModeProbe, error_chain, redact};
+pub use self::stop::{Stop, StopLevel};
 pub use self::input::{Input, read_urls};
 pub use self::summary::{HostSummary, summarize};
 
 /// Runs the command line: parses the arguments, crawls, prints the summary.
 /// Exit code 0 when the crawl ran to the end (whatever the statuses), 2 on
-/// bad input or a Redis that is unreachable at start.
+/// bad input or a Redis that is unreachable at start, 130 or 143 when
+/// SIGINT or SIGTERM stopped it.
 pub fn main() -> ExitCode {
     let args = Args::parse();
+    init_logs();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("crawl: cannot start the runtime: {err}");
+            tracing::error!("cannot start the runtime: {err}");
             return ExitCode::from(2);
         }
     };
     match runtime.block_on(args.run()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(signal)) => ExitCode::from(128 + u8::try_from(signal).unwrap_or(0)),
         Err(err) => {
-            eprintln!("crawl: {err:#}");
+            tracing::error!("{}", error_chain(err.as_ref()));
             ExitCode::from(2)
         }
     }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }

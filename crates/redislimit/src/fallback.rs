@@ -73,6 +73,8 @@ pub struct FallbackLimiter<P> {
     adoptions: Arc<Adoptions>,
     /// Set by [`Limiter::close`]; wakes the acquires under way.
     closing: Arc<Closing>,
+    /// Whether the latest decision was the fallback's (the primary failed).
+    degraded: Arc<AtomicBool>,
 }
 
 /// Whether a limiter was closed, and a wake-up for its waiters when it is.
@@ -92,6 +94,7 @@ impl<P> Clone for FallbackLimiter<P> {
             shares: Arc::clone(&self.shares),
             adoptions: Arc::clone(&self.adoptions),
             closing: Arc::clone(&self.closing),
+            degraded: Arc::clone(&self.degraded),
         }
     }
 }
@@ -388,6 +391,7 @@ impl<P: Limiter> FallbackLimiter<P> {
             shares: Arc::default(),
             adoptions: Arc::default(),
             closing: Arc::default(),
+            degraded: Arc::default(),
         }
     }
 
@@ -459,6 +463,12 @@ impl<P: Limiter> FallbackLimiter<P> {
     /// The in-process limiter.
     pub fn fallback(&self) -> &DomainLimiter {
         &self.fallback
+    }
+
+    /// Whether this limiter is pacing in-process: the primary failed its
+    /// latest call and has not admitted anything since.
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
     }
 }
 
@@ -635,6 +645,9 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             {
                 Ok(shared) => {
                     self.shares.answered();
+                    if self.degraded.swap(false, Ordering::Relaxed) {
+                        tracing::info!("the shared limiter answers again: pacing is shared");
+                    }
                     if turn_ends.is_some_and(|ends| Instant::now() > ends) {
                         // Admitted too late for this turn: not sent,
                         // taken back; the next turn asks again.
@@ -709,7 +722,11 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 }
                 continue;
             }
-            tracing::warn!(host = %host, error = %err, ?plan, "pacing in-process: the shared limiter is unavailable");
+            if self.degraded.swap(true, Ordering::Relaxed) {
+                tracing::debug!(host = %host, error = %err, ?plan, "pacing in-process");
+            } else {
+                tracing::warn!(host = %host, error = %err, ?plan, "the shared limiter is unavailable: pacing in-process");
+            }
             // Taken back unless sent (a blown budget, a dropped future).
             let local = Provisional(Some(
                 self.fallback

@@ -7,15 +7,21 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use redislimit::{
-    DomainLimiter, FallbackPolicy, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts,
+    DomainLimiter, FallbackLimiter, FallbackPolicy, HostKey, Limiter, Pacing, RedisLimiter,
+    RedisPool, RedisTimeouts,
 };
 
-use super::{Crawler, read_urls, summarize};
+use super::{Crawler, Fetched, ModeProbe, Stop, read_urls, summarize};
 
 /// One replica of a polite crawler: fetches URLs, paced per host, alone or
 /// sharing one pace per host with other replicas through Redis.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "crawl", version)]
+#[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster"]).multiple(true))]
+#[command(after_help = "Logs go to stderr; RUST_LOG sets what is shown (default: info). \
+On SIGINT or SIGTERM no request starts; those in flight have --grace to finish, every \
+permit is released, the report and the summary are written, and the exit code is 130 or \
+143. A second signal ends the requests in flight at once.")]
 pub struct Args {
     /// URLs to fetch.
     #[arg(value_name = "URL")]
@@ -32,8 +38,9 @@ pub struct Args {
     /// (repeatable).
     #[arg(long, value_name = "URL")]
     pub redis_cluster: Vec<String>,
-    /// The key space this crawl paces in; replicas sharing a scope share a pace.
-    #[arg(long, default_value = "domain")]
+    /// With Redis: the key space this crawl paces in; replicas sharing a
+    /// scope share a pace.
+    #[arg(long, requires = "shared", default_value = "domain")]
     pub scope: String,
     /// Requests in flight per host in this process.
     #[arg(long, default_value_t = 1)]
@@ -50,16 +57,16 @@ pub struct Args {
     pub window: Option<Duration>,
     /// With Redis: requests in flight per host across all replicas (lease
     /// mode); 0 serializes each host cluster-wide.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, requires = "shared", default_value_t = 0)]
     pub cluster_concurrency: u32,
     /// With Redis: how the replicas keep each host's limits while Redis is
     /// unavailable: `share` divides the rate, quota and cap among the live
     /// replicas, `partition` serves each host from one replica, `full` lets
     /// every replica pace at the full limits (N replicas, N x the rate).
-    #[arg(long, value_enum, default_value_t = Fallback::Share)]
+    #[arg(long, requires = "shared", value_enum, default_value_t = Fallback::Share)]
     pub fallback: Fallback,
     /// With Redis: how long a dead replica's slot stays booked.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, requires = "shared", value_parser = parse_duration, default_value = "30s")]
     pub lease_ttl: Duration,
     /// Random extra on every wait, up to this much.
     #[arg(long, value_parser = parse_duration, default_value = "0ms")]
@@ -67,11 +74,24 @@ pub struct Args {
     /// The longest a `Retry-After` may hold a host back.
     #[arg(long, value_parser = parse_duration, default_value = "10m")]
     pub max_penalty: Duration,
-    /// Requests this process keeps in flight overall.
-    #[arg(long, default_value_t = 16)]
+    /// Requests this process sends at once, overall (at least 1). A URL
+    /// waiting for its host's turn holds none of them.
+    #[arg(long, default_value_t = 16, value_parser = parse_concurrency)]
     pub concurrency: usize,
+    /// The hold for a 429 or 503 that carries no `Retry-After` (none by
+    /// default), capped by `--max-penalty`.
+    #[arg(long, value_parser = parse_duration)]
+    pub default_penalty: Option<Duration>,
+    /// After SIGINT/SIGTERM, how long requests in flight may go on.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub grace: Duration,
+    /// How often a progress line is logged when stderr is not a terminal.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub progress_every: Duration,
     /// Send requests for HOST to ADDR (an IP address), as curl's `--resolve`
-    /// (`HOST:PORT:ADDR` is accepted too; the URL's port is used). Repeatable.
+    /// (`HOST:PORT:ADDR` is accepted too; the URL's port is used). HOST is
+    /// matched as the limiter keys hosts: any case, Unicode or punycode,
+    /// with or without a trailing dot. Repeatable.
     #[arg(long = "resolve", value_name = "HOST:ADDR", value_parser = parse_resolve)]
     pub resolve: Vec<(String, std::net::IpAddr)>,
     /// An extra request header, `NAME:VALUE`. Repeatable.
@@ -121,6 +141,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{text:?} is not a duration like 250ms or 2s: {e}"))
 }
 
+fn parse_concurrency(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("0 would send nothing: give at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{text:?} is not a number of requests")),
+    }
+}
+
 fn parse_resolve(text: &str) -> Result<(String, std::net::IpAddr), String> {
     let bad = || format!("{text:?} is not HOST:ADDR (e.g. a.test:127.0.0.1)");
     let (host, rest) = text.split_once(':').ok_or_else(bad)?;
@@ -134,7 +162,10 @@ fn parse_resolve(text: &str) -> Result<(String, std::net::IpAddr), String> {
     if host.is_empty() {
         return Err(bad());
     }
-    Ok((host.to_ascii_lowercase(), ip))
+    // The name as URLs to it are keyed: punycode, lower case, no final dot.
+    let key = HostKey::parse(&format!("http://{host}/"))
+        .map_err(|e| format!("{host:?} is not a host name: {e}"))?;
+    Ok((key.as_str().to_owned(), ip))
 }
 
 fn parse_header(text: &str) -> Result<(String, String), String> {
@@ -167,9 +198,19 @@ impl Args {
     /// The limiter: in-process, or Redis-backed with an in-process fallback
     /// after checking that Redis answers.
     pub async fn limiter(&self) -> anyhow::Result<Arc<dyn Limiter>> {
+        Ok(self.pacer().await?.limiter)
+    }
+
+    /// The limiter, and a probe naming the pacing mode for progress lines.
+    pub async fn pacer(&self) -> anyhow::Result<Pacer> {
         let pacing = self.pacing()?;
         let pool = match (&self.redis, self.redis_cluster.as_slice()) {
-            (None, []) => return Ok(Arc::new(DomainLimiter::new(pacing))),
+            (None, []) => {
+                return Ok(Pacer {
+                    limiter: Arc::new(DomainLimiter::new(pacing)),
+                    mode: Arc::new(|| "in-process"),
+                });
+            }
             (Some(url), _) => RedisPool::standalone(url, RedisTimeouts::default())?,
             (None, nodes) => {
                 let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
@@ -185,41 +226,144 @@ impl Args {
         limiter.ping().await.context("Redis is unreachable")?;
         // Refuse to start beside replicas that pace this scope otherwise.
         limiter.check_config().await?;
-        Ok(Arc::new(limiter.with_fallback()))
+        let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
+        let probe = Arc::clone(&limiter);
+        Ok(Pacer {
+            limiter,
+            mode: Arc::new(move || {
+                if probe.is_degraded() {
+                    "in-process (Redis unavailable)"
+                } else {
+                    "shared through Redis"
+                }
+            }),
+        })
     }
 
-    /// Crawls as these arguments say.
-    pub async fn run(self) -> anyhow::Result<()> {
+    /// Crawls as these arguments say. Returns the signal that stopped the
+    /// crawl, if one did.
+    pub async fn run(self) -> anyhow::Result<Option<i32>> {
         let input = read_urls(&self.urls, self.urls_file.as_deref())?;
         for problem in &input.skipped {
-            eprintln!("crawl: skipped {problem}");
+            tracing::warn!("skipped {problem}");
         }
         if input.urls.is_empty() {
             bail!("no URLs to fetch");
         }
-        let limiter = self.limiter().await?;
-        let mut crawler = Crawler::new(limiter, &self)?;
+        let total = input.urls.len();
+        let pacer = self.pacer().await?;
+        let mut crawler =
+            Crawler::new(Arc::clone(&pacer.limiter), &self)?.with_mode(Arc::clone(&pacer.mode));
         if let Some(path) = &self.report {
             crawler = crawler.with_report(path)?;
         }
+        let signalled = Arc::new(std::sync::OnceLock::new());
+        let listener = tokio::spawn(on_signals(
+            crawler.stop_handle(),
+            self.grace,
+            Arc::clone(&signalled),
+        ));
         let started = std::time::Instant::now();
         let fetched = crawler.run(input.urls, true).await?;
-        crawler.check_report()?;
         let elapsed = started.elapsed();
-        println!(
-            "{:<28} {:>8} {:>10} {:>12} {:>10}  statuses",
-            "host", "requests", "errors", "mean wait", "rate"
-        );
-        for host in summarize(&fetched) {
-            println!("{host}");
+        // Every permit is back; the releases still on their way land now,
+        // so the next replica does not wait out their leases.
+        let close_by = tokio::time::Instant::now() + CLOSE_WITHIN;
+        if let Err(err) = pacer.limiter.close(Some(close_by)).await {
+            tracing::warn!("{}", super::error_chain(&err));
         }
-        println!(
-            "{} requests in {:.1}s",
-            fetched.len(),
-            elapsed.as_secs_f64()
-        );
-        Ok(())
+        let signal = signalled.get().copied();
+        if signal.is_none() {
+            listener.abort();
+        }
+        crawler.check_report()?;
+        if let Err(err) = print_summary(&mut std::io::stdout().lock(), &fetched, total, elapsed)
+            && err.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            return Err(err).context("cannot print the summary");
+        }
+        Ok(signal)
     }
+}
+
+/// How long the releases of a finished crawl may take to land.
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
+
+/// What [`Args::pacer`] built.
+#[derive(Clone)]
+pub struct Pacer {
+    /// The limiter every request goes through.
+    pub limiter: Arc<dyn Limiter>,
+    /// Names the pacing mode now.
+    pub mode: ModeProbe,
+}
+
+impl std::fmt::Debug for Pacer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pacer")
+            .field("limiter", &self.limiter)
+            .field("mode", &(self.mode)())
+            .finish()
+    }
+}
+
+/// On the first SIGINT/SIGTERM: stop starting requests, give those in
+/// flight `grace`; on the second, or when the grace is over: end them.
+async fn on_signals(stop: Stop, grace: Duration, first: Arc<std::sync::OnceLock<i32>>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        tracing::warn!("cannot listen for SIGINT/SIGTERM: a signal ends the crawl at once");
+        return;
+    };
+    let (number, name) = tokio::select! {
+        _ = int.recv() => (2, "SIGINT"),
+        _ = term.recv() => (15, "SIGTERM"),
+    };
+    let _ = first.set(number);
+    tracing::warn!(
+        "{name}: no new request starts; those in flight have {} to finish (a second signal ends them now)",
+        humantime::format_duration(grace)
+    );
+    stop.graceful();
+    tokio::select! {
+        () = tokio::time::sleep(grace) => tracing::warn!("the grace is over: ending the requests in flight"),
+        _ = int.recv() => tracing::warn!("second signal: ending the requests in flight"),
+        _ = term.recv() => tracing::warn!("second signal: ending the requests in flight"),
+    }
+    stop.abort();
+}
+
+/// Writes the per-host summary: requests made, errors, waits, the rate of
+/// those sent, statuses; and how many URLs were not tried.
+fn print_summary(
+    out: &mut impl std::io::Write,
+    fetched: &[Fetched],
+    total: usize,
+    elapsed: Duration,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<28} {:>8} {:>10} {:>12} {:>10}  statuses",
+        "host", "requests", "errors", "mean wait", "rate"
+    )?;
+    for host in summarize(fetched) {
+        writeln!(out, "{host}")?;
+    }
+    let sent = fetched.iter().filter(|f| f.sent).count();
+    write!(
+        out,
+        "{} requests sent, {} URLs ended, in {:.1}s",
+        sent,
+        fetched.len(),
+        elapsed.as_secs_f64()
+    )?;
+    if fetched.len() < total {
+        write!(out, "; {} not started (stopped)", total - fetched.len())?;
+    }
+    writeln!(out)
 }
 
 #[cfg(test)]
@@ -245,6 +389,82 @@ mod tests {
         assert!(parse_resolve(":127.0.0.1").is_err());
         assert!(parse_header("x-replica: 2").is_ok());
         assert!(parse_header("bad header:1").is_err());
+    }
+
+    #[test]
+    fn resolve_names_are_keyed_like_urls() {
+        let ip = "127.0.0.1".parse().unwrap();
+        assert_eq!(parse_resolve("a.test.:127.0.0.1"), Ok(("a.test".into(), ip)));
+        assert_eq!(
+            parse_resolve("bücher.test:127.0.0.1"),
+            Ok(("xn--bcher-kva.test".into(), ip))
+        );
+        assert_eq!(
+            parse_resolve("XN--BCHER-KVA.test:127.0.0.1"),
+            Ok(("xn--bcher-kva.test".into(), ip))
+        );
+        assert!(parse_resolve("a b:127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn meaningless_combinations_are_refused() {
+        let refused = |argv: &[&str]| {
+            let err = Args::try_parse_from(argv).unwrap_err();
+            assert!(
+                matches!(
+                    err.kind(),
+                    clap::error::ErrorKind::MissingRequiredArgument
+                        | clap::error::ErrorKind::ValueValidation
+                ),
+                "{argv:?}: {err}"
+            );
+            err.to_string()
+        };
+        let err = refused(&["crawl", "--concurrency", "0", "http://a.test/"]);
+        assert!(err.contains("--concurrency"), "{err}");
+        for flag in [
+            ["--cluster-concurrency", "2"],
+            ["--lease-ttl", "5s"],
+            ["--scope", "other"],
+            ["--fallback", "full"],
+        ] {
+            let err = refused(&["crawl", flag[0], flag[1], "http://a.test/"]);
+            assert!(err.contains("--redis"), "{flag:?}: {err}");
+        }
+        // With Redis they are meaningful.
+        let ok = Args::try_parse_from([
+            "crawl",
+            "--redis",
+            "redis://127.0.0.1/",
+            "--lease-ttl",
+            "5s",
+            "http://a.test/",
+        ]);
+        assert!(ok.is_ok(), "{ok:?}");
+        let ok = Args::try_parse_from([
+            "crawl",
+            "--redis-cluster",
+            "redis://127.0.0.1:7000/",
+            "--scope",
+            "s",
+            "http://a.test/",
+        ]);
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn a_broken_pipe_ends_the_summary_quietly() {
+        struct Closed;
+        impl std::io::Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let err = print_summary(&mut Closed, &[], 0, Duration::ZERO).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
     }
 
     #[test]

@@ -1,51 +1,70 @@
-//! `Crawler`: fetches URLs through the pacing middleware, with bounded
-//! concurrency, interleaving hosts so one slow host does not hold up the rest.
+//! `Crawler`: fetches URLs through the pacing middleware. Each host has a
+//! queue of its own, sent in input order; a URL waits for its host's turn
+//! without holding one of the `--concurrency` slots, which are taken only
+//! to send, so a host held back by a long penalty delays nobody else.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{IsTerminal, LineWriter, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
-use redislimit::http::retry_after;
-use redislimit::{HostKey, Limiter};
-use redislimit_reqwest::{PacingMiddleware, pacing_error};
+use redislimit::http::{MaxWait, retry_after};
+use redislimit::{Error, HostKey, Limiter};
+use redislimit_reqwest::{PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde::Serialize;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use url::Url;
 
 use super::Args;
+use super::stop::{Stop, StopLevel};
 
 /// What happened to one URL; one line of the `--report` file.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fetched {
-    /// The URL.
+    /// The URL (with any user name and password redacted).
     pub url: String,
     /// Its host key.
     pub host: String,
     /// The response status, when there was a response.
     pub status: Option<u16>,
-    /// Why there was no (complete) response.
+    /// Why there was no (complete) response, with its causes.
     pub error: Option<String>,
+    /// Whether the request left (an error before sending, such as a
+    /// blown `--max-wait`, leaves it false).
+    pub sent: bool,
     /// When the request was sent (Unix epoch milliseconds).
     pub start_ms: u64,
     /// When the body had been read to the end, or the request failed.
     pub end_ms: u64,
     /// How long it waited for its host's turn.
     pub waited_ms: u64,
-    /// The delay a `Retry-After` header asked for, if any.
+    /// The delay a `Retry-After` header asked for, if any (saturating).
     pub retry_after_ms: Option<u64>,
+    /// The hold the host was given for this response: what it asked for
+    /// (or `--default-penalty`), capped by `--max-penalty`.
+    pub hold_ms: Option<u64>,
+    /// The URLs redirected from, in order (redacted).
+    pub redirects: Vec<String>,
+    /// The URL of the last response, when it differs from `url`.
+    pub final_url: Option<String>,
 }
 
-/// When the request left, stamped by a middleware inside the pacing one.
+/// Stamped by a middleware inside the pacing one, once per hop: when the
+/// request left, and a signal to the host's queue that it was admitted.
 #[derive(Debug, Clone, Copy)]
 struct SentAt(SystemTime, Instant);
+
+/// Tells the host queue that its head request was admitted (so the next
+/// one may start waiting); fired once, by the first hop.
+#[derive(Debug, Clone)]
+struct Admitted(Arc<Mutex<Option<oneshot::Sender<()>>>>);
 
 #[derive(Debug)]
 struct Stamp;
@@ -59,32 +78,133 @@ impl Middleware for Stamp {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
         extensions.insert(SentAt(SystemTime::now(), Instant::now()));
+        // The short budget is the queue's, for the first hop only: a
+        // redirect's next hop waits as long as `--max-wait` allows.
+        extensions.remove::<MaxWait>();
+        if let Some(Admitted(signal)) = extensions.get::<Admitted>()
+            && let Some(tx) = signal
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+        {
+            let _ = tx.send(());
+        }
         next.run(req, extensions).await
     }
 }
 
+/// How long a URL may wait for its host while holding a slot. A longer
+/// wait (a penalty, a far quota window) gives the slot back and waits
+/// outside, coming back this long before the host is due.
+const SLOT_WAIT: Duration = Duration::from_millis(100);
+
+/// Whether pacing is shared right now, for the progress line.
+pub type ModeProbe = Arc<dyn Fn() -> &'static str + Send + Sync>;
+
 /// Fetches URLs, paced per host by a shared limiter.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Crawler {
     client: ClientWithMiddleware,
     concurrency: usize,
+    max_wait: Option<Duration>,
+    max_penalty: Duration,
+    default_penalty: Option<Duration>,
+    progress_every: Duration,
     report: Option<Arc<Mutex<LineWriter<File>>>>,
     /// Set when a report line could not be written.
-    report_failed: Arc<std::sync::atomic::AtomicBool>,
+    report_failed: Arc<AtomicBool>,
+    stop: Stop,
+    mode: ModeProbe,
+}
+
+impl std::fmt::Debug for Crawler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Crawler")
+            .field("concurrency", &self.concurrency)
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
+    }
 }
 
 fn epoch_ms(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `url` with any user name and password replaced, for reports and logs.
+pub fn redact(url: &Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
+        return url.to_string();
+    }
+    let mut shown = url.clone();
+    let _ = shown.set_password(None);
+    let _ = shown.set_username("redacted");
+    shown.to_string()
+}
+
+/// `err` and its causes, each once: `outer: cause: root cause`.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        // Some errors print their cause as part of their own message.
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+/// What became of one attempt at a URL.
+enum Attempt {
+    /// It ended (sent or not); report it.
+    Done(Fetched),
+    /// Its host is not due for at least this long; come back then.
+    NotYet(Duration),
+}
+
+/// Counters for the progress line.
+#[derive(Debug, Default)]
+struct Progress {
+    done: AtomicUsize,
+    sent: AtomicUsize,
+    /// Hosts whose next URL is waiting for its turn.
+    waiting: AtomicUsize,
+    /// Hosts held back by a penalty, until when.
+    penalized: Mutex<HashMap<String, Instant>>,
+}
+
+impl Progress {
+    fn penalized_now(&self) -> usize {
+        let now = Instant::now();
+        let mut held = self
+            .penalized
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.retain(|_, until| *until > now);
+        held.len()
+    }
 }
 
 impl Crawler {
     /// A crawler pacing through `limiter`, with the client settings of `args`
-    /// (resolve overrides, headers, timeout, engine, concurrency).
+    /// (resolve overrides, headers, timeout, engine, concurrency, penalties).
     pub fn new(limiter: Arc<dyn Limiter>, args: &Args) -> anyhow::Result<Self> {
-        let mut http = reqwest::Client::builder().timeout(args.timeout);
+        // The pacing middleware follows redirects, one paced hop at a time.
+        let mut http = reqwest::Client::builder()
+            .timeout(args.timeout)
+            .redirect(reqwest::redirect::Policy::none());
         for (host, ip) in &args.resolve {
-            http = http.resolve(host, (*ip, 0).into());
+            // Both spellings a URL may carry reach the same address.
+            http = http
+                .resolve(host, (*ip, 0).into())
+                .resolve(&format!("{host}."), (*ip, 0).into());
         }
         let mut headers = http::HeaderMap::new();
         for (name, value) in &args.headers {
@@ -101,12 +221,21 @@ impl Crawler {
         if let Some(max_wait) = args.max_wait {
             pacing = pacing.with_max_wait(max_wait);
         }
+        if let Some(penalty) = args.default_penalty {
+            pacing = pacing.with_default_penalty(penalty);
+        }
         let client = ClientBuilder::new(http).with(pacing).with(Stamp).build();
         Ok(Self {
             client,
-            concurrency: args.concurrency.max(1),
+            concurrency: args.concurrency,
+            max_wait: args.max_wait,
+            max_penalty: args.max_penalty,
+            default_penalty: args.default_penalty,
+            progress_every: args.progress_every,
             report: None,
             report_failed: Arc::default(),
+            stop: Stop::new(),
+            mode: Arc::new(|| "in-process"),
         })
     }
 
@@ -118,45 +247,279 @@ impl Crawler {
         Ok(self)
     }
 
-    /// Fetches every URL once; returns what happened to each, in the order
-    /// they finished. `progress` shows a bar on stderr when it is a terminal.
+    /// Names the pacing mode (shared, in fallback, in-process) in the
+    /// progress line.
+    pub fn with_mode(mut self, mode: ModeProbe) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The handle that stops this crawl (see [`Stop`]).
+    pub fn stop_handle(&self) -> Stop {
+        self.stop.clone()
+    }
+
+    /// Fetches every URL once, each host's in input order; returns what
+    /// happened to each URL that was tried, in the order they finished.
+    /// `progress` shows a bar on stderr when it is a terminal, and a line
+    /// every `--progress-every` otherwise. After [`Stop::graceful`] no URL
+    /// starts; after [`Stop::abort`] requests in flight end at once.
     pub async fn run(&self, urls: Vec<Url>, progress: bool) -> anyhow::Result<Vec<Fetched>> {
-        let bar = if progress && std::io::stderr().is_terminal() {
+        let total = urls.len();
+        let terminal = std::io::stderr().is_terminal();
+        let bar = if progress && terminal {
             let style = ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed}]")
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
-            ProgressBar::new(urls.len() as u64).with_style(style)
+            ProgressBar::new(total as u64).with_style(style)
         } else {
             ProgressBar::hidden()
         };
+        let counters = Arc::new(Progress::default());
         let slots = Arc::new(Semaphore::new(self.concurrency));
-        let mut tasks = JoinSet::new();
-        let mut done = Vec::with_capacity(urls.len());
-        for url in interleave_by_host(urls) {
-            let slot = Arc::clone(&slots).acquire_owned().await?;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let queues = by_host(urls);
+        for (host, queue) in queues {
             let this = self.clone();
-            tasks.spawn(async move {
-                let fetched = this.fetch(url).await;
-                drop(slot);
-                fetched
-            });
-            while let Some(finished) = tasks.try_join_next() {
-                done.push(self.finish(finished?, &bar));
+            let (slots, tx, counters) = (Arc::clone(&slots), tx.clone(), Arc::clone(&counters));
+            tokio::spawn(async move { this.serve_host(host, queue, slots, tx, counters).await });
+        }
+        drop(tx);
+        let started = Instant::now();
+        let mut ticker = tokio::time::interval(self.progress_every);
+        ticker.tick().await;
+        let mut done = Vec::with_capacity(total);
+        loop {
+            tokio::select! {
+                fetched = rx.recv() => match fetched {
+                    Some(fetched) => {
+                        counters.done.fetch_add(1, Ordering::Relaxed);
+                        counters.sent.fetch_add(usize::from(fetched.sent), Ordering::Relaxed);
+                        done.push(self.finish(fetched, &bar));
+                    }
+                    None => break,
+                },
+                _ = ticker.tick(), if progress && !terminal => {
+                    self.progress_line(&counters, total, started);
+                }
             }
         }
-        while let Some(finished) = tasks.join_next().await {
-            done.push(self.finish(finished?, &bar));
-        }
         bar.finish_and_clear();
+        if progress && !terminal {
+            self.progress_line(&counters, total, started);
+        }
         Ok(done)
+    }
+
+    fn progress_line(&self, counters: &Progress, total: usize, started: Instant) {
+        let elapsed = started.elapsed().as_secs_f64().max(0.001);
+        let sent = counters.sent.load(Ordering::Relaxed);
+        tracing::info!(
+            "progress: {}/{total} done, {:.1} sent/s, {} hosts waiting, {} penalized, pacing {}{}",
+            counters.done.load(Ordering::Relaxed),
+            sent as f64 / elapsed,
+            counters.waiting.load(Ordering::Relaxed),
+            counters.penalized_now(),
+            (self.mode)(),
+            match self.stop.level() {
+                StopLevel::Run => "",
+                StopLevel::Graceful => ", stopping",
+                StopLevel::Abort => ", aborting",
+            },
+        );
+    }
+
+    /// Sends `queue` (one host's URLs) in order: each URL waits for its
+    /// host's turn, takes a slot only to send, and the next one starts
+    /// waiting once it was admitted.
+    async fn serve_host(
+        self,
+        host: String,
+        mut queue: VecDeque<Url>,
+        slots: Arc<Semaphore>,
+        tx: mpsc::UnboundedSender<Fetched>,
+        counters: Arc<Progress>,
+    ) {
+        let mut stop = self.stop.watch();
+        'urls: while let Some(url) = queue.pop_front() {
+            let queued = Instant::now();
+            let mut not_before = None;
+            let _waiting = Waiting::new(&counters);
+            loop {
+                if self.stop.level() != StopLevel::Run {
+                    break 'urls;
+                }
+                if let Some(at) = not_before.take()
+                    && !sleep_or_stop(at, &mut stop).await
+                {
+                    break 'urls;
+                }
+                let slot = tokio::select! {
+                    slot = Arc::clone(&slots).acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break 'urls,
+                    },
+                    () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
+                };
+                let (admitted_tx, admitted_rx) = oneshot::channel();
+                let this = self.clone();
+                let attempt_url = url.clone();
+                let mut task = tokio::spawn(async move {
+                    this.attempt(attempt_url, queued, slot, admitted_tx).await
+                });
+                // Until it is admitted, a stop cancels the attempt (nothing
+                // was sent, nothing stays booked).
+                let admitted = tokio::select! {
+                    biased;
+                    sent = admitted_rx => sent.is_ok(),
+                    () = stopped(&mut stop, StopLevel::Graceful) => {
+                        task.abort();
+                        let _ = (&mut task).await;
+                        break 'urls;
+                    }
+                };
+                if admitted {
+                    let (tx, counters) = (tx.clone(), Arc::clone(&counters));
+                    let max_penalty = self.max_penalty;
+                    tokio::spawn(async move {
+                        if let Ok(Attempt::Done(fetched)) = task.await {
+                            note_penalty(&counters, &fetched, max_penalty);
+                            let _ = tx.send(fetched);
+                        }
+                    });
+                    continue 'urls;
+                }
+                match task.await {
+                    Ok(Attempt::Done(fetched)) => {
+                        let _ = tx.send(fetched);
+                        continue 'urls;
+                    }
+                    Ok(Attempt::NotYet(wait)) => {
+                        let back = wait.saturating_sub(SLOT_WAIT);
+                        if back >= Duration::from_secs(1) {
+                            note_hold(&counters, &host, wait);
+                        }
+                        not_before = Some(Instant::now() + back);
+                    }
+                    Err(_) => continue 'urls,
+                }
+            }
+        }
+    }
+
+    /// One try at `url` holding `slot`: waits at most [`SLOT_WAIT`] for
+    /// the host (or what `--max-wait` leaves, counted from `queued`), then
+    /// sends and reads the body, unless stopped.
+    async fn attempt(
+        self,
+        url: Url,
+        queued: Instant,
+        slot: OwnedSemaphorePermit,
+        admitted: oneshot::Sender<()>,
+    ) -> Attempt {
+        let budget = match self.max_wait {
+            Some(max) => SLOT_WAIT.min(max.saturating_sub(queued.elapsed())),
+            None => SLOT_WAIT,
+        };
+        let mut extensions = Extensions::new();
+        extensions.insert(MaxWait(budget));
+        extensions.insert(Admitted(Arc::new(Mutex::new(Some(admitted)))));
+        let mut stop = self.stop.watch();
+        let fetch = self.fetch(url.clone(), queued, &mut extensions);
+        let attempt = tokio::select! {
+            attempt = fetch => attempt,
+            () = stopped(&mut stop, StopLevel::Abort) => {
+                let sent = extensions.get::<SentAt>().copied();
+                Attempt::Done(self.fetched(&url, queued, sent, None, Some("aborted: the crawl was stopped".into())))
+            }
+        };
+        drop(slot);
+        attempt
+    }
+
+    /// Sends `url` and reads its body.
+    async fn fetch(&self, url: Url, queued: Instant, extensions: &mut Extensions) -> Attempt {
+        let result = match self.client.get(url.clone()).build() {
+            Ok(request) => self.client.execute_with_extensions(request, extensions).await,
+            Err(err) => Err(reqwest_middleware::Error::Reqwest(err)),
+        };
+        let sent = extensions.get::<SentAt>().copied();
+        let response = match result {
+            Ok(response) => response,
+            Err(err) => {
+                let error = match pacing_error(&err) {
+                    Some(Error::WaitBudget { wait, .. }) if sent.is_none() => {
+                        // The queue's own short budget, not `--max-wait`:
+                        // come back when the host is due.
+                        let left = self.max_wait.map(|m| m.saturating_sub(queued.elapsed()));
+                        if left.is_none_or(|left| *wait < left) {
+                            return Attempt::NotYet(*wait);
+                        }
+                        format!("not sent: {}", error_chain(pacing_error(&err).unwrap()))
+                    }
+                    Some(pacing) => format!("not sent: {}", error_chain(pacing)),
+                    None => error_chain(&err),
+                };
+                let mut fetched = self.fetched(&url, queued, sent, None, Some(error));
+                fetched.redirects = redirects(extensions);
+                return Attempt::Done(fetched);
+            }
+        };
+        let status = response.status();
+        let final_url = (response.url() != &url).then(|| redact(response.url()));
+        let retry_after = retry_after(response.headers(), SystemTime::now());
+        let asked = match retry_after {
+            Some(d) => Some(d),
+            None if matches!(status.as_u16(), 429 | 503) => self.default_penalty,
+            None => None,
+        };
+        let error = response
+            .bytes()
+            .await
+            .err()
+            .map(|e| format!("reading the body: {}", error_chain(&e)));
+        let mut fetched = self.fetched(&url, queued, sent, Some(status.as_u16()), error);
+        fetched.retry_after_ms = retry_after.map(millis);
+        fetched.hold_ms = asked.map(|d| millis(d.min(self.max_penalty)));
+        fetched.redirects = redirects(extensions);
+        fetched.final_url = final_url;
+        Attempt::Done(fetched)
+    }
+
+    fn fetched(
+        &self,
+        url: &Url,
+        queued: Instant,
+        sent: Option<SentAt>,
+        status: Option<u16>,
+        error: Option<String>,
+    ) -> Fetched {
+        let end = SystemTime::now();
+        let (start, waited) = match sent {
+            Some(SentAt(at, instant)) => (at, instant.saturating_duration_since(queued)),
+            None => (end, queued.elapsed()),
+        };
+        Fetched {
+            url: redact(url),
+            host: HostKey::from_url(url)
+                .map(|h| h.to_string())
+                .unwrap_or_default(),
+            status,
+            error,
+            sent: sent.is_some(),
+            start_ms: epoch_ms(start),
+            end_ms: epoch_ms(end),
+            waited_ms: millis(waited),
+            retry_after_ms: None,
+            hold_ms: None,
+            redirects: Vec::new(),
+            final_url: None,
+        }
     }
 
     /// An error when any report line could not be written: a crawl whose
     /// report is incomplete must not look like a success.
     pub fn check_report(&self) -> anyhow::Result<()> {
-        if self
-            .report_failed
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if self.report_failed.load(Ordering::Relaxed) {
             anyhow::bail!("the report is incomplete: some lines could not be written");
         }
         Ok(())
@@ -170,89 +533,92 @@ impl Crawler {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Err(err) = writeln!(report, "{line}") {
-                eprintln!("crawl: cannot write the report: {err}");
-                self.report_failed
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!("cannot write the report: {err}");
+                self.report_failed.store(true, Ordering::Relaxed);
             }
         }
         bar.set_message(fetched.host.clone());
         bar.inc(1);
         fetched
     }
+}
 
-    async fn fetch(&self, url: Url) -> Fetched {
-        let queued = Instant::now();
-        let host = HostKey::from_url(&url)
-            .map(|h| h.to_string())
-            .unwrap_or_default();
-        let mut extensions = Extensions::new();
-        let mut status = None;
-        let mut retry_after_ms = None;
-        let result = match self.client.get(url.clone()).build() {
-            Ok(request) => {
-                self.client
-                    .execute_with_extensions(request, &mut extensions)
-                    .await
-            }
-            Err(err) => Err(reqwest_middleware::Error::Reqwest(err)),
-        };
-        let error = match result {
-            Ok(response) => {
-                status = Some(response.status().as_u16());
-                retry_after_ms = retry_after(response.headers(), SystemTime::now())
-                    .map(|d| d.as_millis() as u64);
-                response
-                    .bytes()
-                    .await
-                    .err()
-                    .map(|e| format!("reading the body: {e}"))
-            }
-            Err(err) => Some(match pacing_error(&err) {
-                Some(pacing) => format!("not sent: {pacing}"),
-                None => err.to_string(),
-            }),
-        };
-        let end = SystemTime::now();
-        let (start, waited) = match extensions.get::<SentAt>() {
-            Some(SentAt(at, instant)) => (*at, instant.saturating_duration_since(queued)),
-            None => (end, queued.elapsed()),
-        };
-        Fetched {
-            url: url.to_string(),
-            host,
-            status,
-            error,
-            start_ms: epoch_ms(start),
-            end_ms: epoch_ms(end),
-            waited_ms: waited.as_millis() as u64,
-            retry_after_ms,
+/// The URLs redirected from, as the middleware reported them.
+fn redirects(extensions: &Extensions) -> Vec<String> {
+    extensions
+        .get::<Redirects>()
+        .map(|r| r.0.iter().map(redact).collect())
+        .unwrap_or_default()
+}
+
+/// A host whose head URL waits for its turn, counted while it lives.
+struct Waiting<'a>(&'a Progress);
+
+impl<'a> Waiting<'a> {
+    fn new(counters: &'a Progress) -> Self {
+        counters.waiting.fetch_add(1, Ordering::Relaxed);
+        Self(counters)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts the host of a response that asked for a long hold as penalized.
+fn note_penalty(counters: &Progress, fetched: &Fetched, max_penalty: Duration) {
+    if let Some(hold) = fetched.hold_ms {
+        let hold = Duration::from_millis(hold).min(max_penalty);
+        if hold >= Duration::from_secs(1) {
+            note_hold(counters, &fetched.host, hold);
         }
     }
 }
 
-/// Orders `urls` round-robin over their hosts, each host's in input order.
-fn interleave_by_host(urls: Vec<Url>) -> Vec<Url> {
-    let mut by_host: BTreeMap<String, VecDeque<Url>> = BTreeMap::new();
-    let mut order = Vec::new();
+fn note_hold(counters: &Progress, host: &str, hold: Duration) {
+    let until = Instant::now() + hold;
+    let mut held = counters
+        .penalized
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let entry = held.entry(host.to_owned()).or_insert(until);
+    *entry = (*entry).max(until);
+}
+
+/// Sleeps until `at`; false when the crawl was stopped first.
+async fn sleep_or_stop(at: Instant, stop: &mut watch::Receiver<StopLevel>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep_until(at.into()) => true,
+        () = stopped(stop, StopLevel::Graceful) => false,
+    }
+}
+
+/// Resolves once the stop level is at least `level`.
+async fn stopped(stop: &mut watch::Receiver<StopLevel>, level: StopLevel) {
+    // A dropped sender never stops anything.
+    if stop.wait_for(|l| *l >= level).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Groups `urls` by host, each host's in input order, hosts in the order
+/// first seen.
+fn by_host(urls: Vec<Url>) -> Vec<(String, VecDeque<Url>)> {
+    let mut index: BTreeMap<String, usize> = BTreeMap::new();
+    let mut queues: Vec<(String, VecDeque<Url>)> = Vec::new();
     for url in urls {
-        let host = url.host_str().unwrap_or_default().to_owned();
-        if !by_host.contains_key(&host) {
-            order.push(host.clone());
-        }
-        by_host.entry(host).or_default().push_back(url);
+        let host = HostKey::from_url(&url)
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let at = *index.entry(host.clone()).or_insert_with(|| {
+            queues.push((host, VecDeque::new()));
+            queues.len() - 1
+        });
+        queues[at].1.push_back(url);
     }
-    let mut out = Vec::new();
-    loop {
-        let before = out.len();
-        for host in &order {
-            if let Some(url) = by_host.get_mut(host).and_then(VecDeque::pop_front) {
-                out.push(url);
-            }
-        }
-        if out.len() == before {
-            return out;
-        }
-    }
+    queues
 }
 
 #[cfg(test)]
@@ -260,31 +626,62 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hosts_are_interleaved_in_input_order() {
+    fn hosts_keep_their_input_order() {
         let urls = [
             "http://a/1",
             "http://a/2",
-            "http://a/3",
-            "http://b/1",
+            "http://B./1",
             "http://c/1",
             "http://b/2",
+            "http://a/3",
         ]
         .map(|u| Url::parse(u).unwrap())
         .to_vec();
-        let out: Vec<_> = interleave_by_host(urls)
-            .iter()
-            .map(|u| u.to_string())
+        let queues: Vec<(String, Vec<String>)> = by_host(urls)
+            .into_iter()
+            .map(|(h, q)| (h, q.iter().map(|u| u.path().to_owned()).collect()))
             .collect();
+        let expect = |h: &str, p: &[&str]| (h.to_owned(), p.iter().map(|s| (*s).to_owned()).collect());
         assert_eq!(
-            out,
+            queues,
             [
-                "http://a/1",
-                "http://b/1",
-                "http://c/1",
-                "http://a/2",
-                "http://b/2",
-                "http://a/3"
+                expect("a", &["/1", "/2", "/3"]),
+                expect("b", &["/1", "/2"]),
+                expect("c", &["/1"]),
             ]
+        );
+    }
+
+    #[test]
+    fn credentials_are_redacted() {
+        let url = Url::parse("https://user:secret@a.test/p?q=1").unwrap();
+        let shown = redact(&url);
+        assert!(!shown.contains("secret") && !shown.contains("user"), "{shown}");
+        assert_eq!(shown, "https://redacted@a.test/p?q=1");
+        let plain = Url::parse("https://a.test/").unwrap();
+        assert_eq!(redact(&plain), "https://a.test/");
+    }
+
+    #[test]
+    fn an_error_chain_names_every_cause_once() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let root = E("connection refused", None);
+        let mid = E("tcp connect error: connection refused", Some(Box::new(root)));
+        let top = E("error sending request", Some(Box::new(mid)));
+        assert_eq!(
+            error_chain(&top),
+            "error sending request: tcp connect error: connection refused"
         );
     }
 }

@@ -49,8 +49,23 @@ pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> 
             std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         Box::new(BufReader::new(file))
     };
-    for (n, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+    let mut reader = reader;
+    let mut bytes = Vec::new();
+    for n in 0.. {
+        bytes.clear();
+        let read = reader
+            .read_until(b'\n', &mut bytes)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if read == 0 {
+            break;
+        }
+        // One undecodable line is skipped, not the whole file.
+        let Ok(line) = std::str::from_utf8(&bytes) else {
+            input
+                .skipped
+                .push(format!("{}:{}: not UTF-8", path.display(), n + 1));
+            continue;
+        };
         let text = line.trim();
         if text.is_empty() || text.starts_with('#') {
             continue;
@@ -95,6 +110,20 @@ mod tests {
         assert!(input.skipped[1].contains(":5:"));
         assert!(input.skipped[2].contains(":6: a repeat"));
         assert!(input.skipped[3].contains(":8:"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_undecodable_line_is_skipped_with_its_number() {
+        let dir = std::env::temp_dir().join(format!("crawl-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("urls.txt");
+        std::fs::write(&path, b"http://a.test/1\nhttp://a.test/\xff\xfe\r\nhttp://a.test/3").unwrap();
+        let input = read_urls(&[], Some(&path)).unwrap();
+        let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
+        assert_eq!(urls, ["http://a.test/1", "http://a.test/3"]);
+        assert_eq!(input.skipped.len(), 1, "{:?}", input.skipped);
+        assert!(input.skipped[0].ends_with(":2: not UTF-8"), "{:?}", input.skipped);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

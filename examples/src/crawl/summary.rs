@@ -18,7 +18,8 @@ pub struct HostSummary {
     pub statuses: BTreeMap<u16, usize>,
     /// Mean time a request waited for its turn, in milliseconds.
     pub mean_wait_ms: f64,
-    /// Requests per second between the first and the last send.
+    /// Requests per second between the first and the last send, counting
+    /// only requests that were sent.
     pub rate: Option<f64>,
 }
 
@@ -35,10 +36,13 @@ pub fn summarize(fetched: &[Fetched]) -> Vec<HostSummary> {
             for status in reqs.iter().filter_map(|f| f.status) {
                 *statuses.entry(status).or_default() += 1;
             }
-            let first = reqs.iter().map(|f| f.start_ms).min().unwrap_or(0);
-            let last = reqs.iter().map(|f| f.start_ms).max().unwrap_or(0);
-            let rate = (reqs.len() > 1 && last > first)
-                .then(|| (reqs.len() - 1) as f64 * 1000.0 / (last - first) as f64);
+            // Requests that never left (a blown --max-wait) are no part
+            // of the rate the host saw.
+            let sent: Vec<u64> = reqs.iter().filter(|f| f.sent).map(|f| f.start_ms).collect();
+            let first = sent.iter().copied().min().unwrap_or(0);
+            let last = sent.iter().copied().max().unwrap_or(0);
+            let rate = (sent.len() > 1 && last > first)
+                .then(|| (sent.len() - 1) as f64 * 1000.0 / (last - first) as f64);
             HostSummary {
                 host: host.to_owned(),
                 requests: reqs.len(),
@@ -85,10 +89,14 @@ mod tests {
             host: host.into(),
             status,
             error: status.is_none().then(|| "refused".into()),
+            sent: status.is_some(),
             start_ms,
             end_ms: start_ms + 10,
             waited_ms,
             retry_after_ms: None,
+            hold_ms: None,
+            redirects: Vec::new(),
+            final_url: None,
         }
     }
 
@@ -99,12 +107,14 @@ mod tests {
             fetched("a.test", Some(429), 1500, 100),
             fetched("a.test", Some(200), 3000, 200),
             fetched("b.test", None, 1000, 0),
+            // Never sent: counted as an error, not in the rate.
+            fetched("a.test", None, 1100, 900),
         ];
         let s = summarize(&all);
         assert_eq!(s.len(), 2);
-        assert_eq!((s[0].requests, s[0].errors), (3, 0));
+        assert_eq!((s[0].requests, s[0].errors), (4, 1));
         assert_eq!(s[0].statuses, BTreeMap::from([(200, 2), (429, 1)]));
-        assert_eq!(s[0].mean_wait_ms, 100.0);
+        assert_eq!(s[0].mean_wait_ms, 300.0);
         assert_eq!(s[0].rate, Some(1.0));
         assert_eq!((s[1].errors, s[1].rate), (1, None));
         assert!(s[0].to_string().contains("200x2 429x1"));
