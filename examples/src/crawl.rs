@@ -18,8 +18,8 @@ use clap::Parser;
 
 pub use self::args::{Args, Fallback, Pacer, parse_duration};
 pub use self::crawler::{Crawler, Fetched, ModeProbe, error_chain, redact};
-pub use self::stop::{Stop, StopLevel};
 pub use self::input::{Input, read_urls};
+pub use self::stop::{Stop, StopLevel};
 pub use self::summary::{HostSummary, summarize};
 
 /// Runs the command line: parses the arguments, crawls, prints the summary.

@@ -255,11 +255,14 @@ async fn four_replicas_keep_their_gap_across_a_frozen_redis() {
 
     let seen = upstream.recorder().all();
     assert_eq!(seen.len(), list.len());
-    let outage = seen.iter().filter(|r| r.send >= frozen && r.send < resumed);
-    let after = seen.iter().filter(|r| r.send >= resumed);
+    let outage = seen
+        .iter()
+        .filter(|r| r.send >= frozen && r.send < resumed)
+        .count();
+    let after = seen.iter().filter(|r| r.send >= resumed).count();
     assert!(
-        outage.count() >= 20 && after.count() >= 20,
-        "the crawl did not span the outage and the recovery"
+        outage >= 20 && after >= 20,
+        "the crawl did not span the outage and the recovery: {outage} sent during it, {after} after"
     );
     assert_eq!(
         assert_each_replica_spaced(&seen, gap, &report, frozen),

@@ -26,6 +26,44 @@ pub enum RedirectError {
     },
 }
 
+/// What a middleware placed after (inside) [`PacingMiddleware`](crate::PacingMiddleware)
+/// returns, inside [`reqwest_middleware::Error::Middleware`], when it
+/// decides not to send a request that was admitted (a connection budget
+/// of its own is spent, say): the permit is then taken back as never used
+/// ([`Permit::abandon`](redislimit::Permit::abandon): no gap, no quota
+/// entry) instead of released as a request that went out.
+///
+/// ```
+/// use redislimit_reqwest::NotSent;
+///
+/// let refused = reqwest_middleware::Error::Middleware(NotSent::new("no free slot").into());
+/// # let _ = refused;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not sent: {reason}")]
+pub struct NotSent {
+    reason: String,
+}
+
+impl NotSent {
+    /// Not sent, for `reason`.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+        }
+    }
+
+    /// Why it was not sent.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// Whether `err` is a [`NotSent`].
+    pub fn is(err: &reqwest_middleware::Error) -> bool {
+        matches!(err, reqwest_middleware::Error::Middleware(e) if e.downcast_ref::<Self>().is_some())
+    }
+}
+
 /// Wraps a redirect failure for the middleware chain.
 pub(crate) fn redirect_error(err: RedirectError) -> reqwest_middleware::Error {
     reqwest_middleware::Error::Middleware(anyhow::Error::new(err))

@@ -41,7 +41,7 @@
 mod error;
 mod middleware;
 
-pub use self::error::{RedirectError, pacing_error};
+pub use self::error::{NotSent, RedirectError, pacing_error};
 pub use self::middleware::{PacingMiddleware, Redirects};
 pub use redislimit;
 pub use redislimit::http::{Engine, MaxWait};

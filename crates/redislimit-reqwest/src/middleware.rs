@@ -16,7 +16,7 @@ use redislimit::{HostKey, Limiter, Permit};
 use reqwest::{Request, Response, Url};
 use reqwest_middleware::{Middleware, Next, Result};
 
-use crate::error::{RedirectError, redirect_error, to_middleware};
+use crate::error::{NotSent, RedirectError, redirect_error, to_middleware};
 
 /// A [`reqwest_middleware::Middleware`] that paces every request per host
 /// through a [`Limiter`].
@@ -200,8 +200,16 @@ impl PacingMiddleware {
             .acquire_host(engine.as_str(), host.clone(), deadline)
             .await
             .map_err(|e| to_middleware(e, Some(&host)))?;
-        // A failed send drops the permit here: the request is over.
-        let response = next.run(req, extensions).await?;
+        let response = match next.run(req, extensions).await {
+            Ok(response) => response,
+            // An inner middleware chose not to send: nothing went out.
+            Err(err) if NotSent::is(&err) => {
+                permit.abandon();
+                return Err(err);
+            }
+            // A failed send drops the permit here: the request is over.
+            Err(err) => return Err(err),
+        };
         // A client that follows redirects itself hands back the last hop's
         // response: a penalty it asks for is that host's, not this one's.
         let answered = match HostKey::from_url(response.url()) {

@@ -482,6 +482,23 @@ async fn leave(local: &mut Permit) {
     }
 }
 
+/// One permit made of `parts`: releasing it releases them all, abandoning
+/// it abandons them all (each as far as it can be taken back).
+fn joint<const N: usize>(host: HostKey, waited: Duration, parts: [Option<Permit>; N]) -> Permit {
+    let parts = Arc::new(Mutex::new(Some(parts)));
+    let back = Arc::clone(&parts);
+    let take = |parts: &Mutex<Option<[Option<Permit>; N]>>| {
+        parts.lock().unwrap_or_else(PoisonError::into_inner).take()
+    };
+    Permit::new(host, waited, move || drop(take(&parts))).on_abandon(move || {
+        take(&back)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .for_each(Permit::abandon);
+    })
+}
+
 /// An in-process admission awaiting the primary's decision; abandoned
 /// (taken back) unless taken out.
 struct Provisional(Option<Permit>);
@@ -523,11 +540,20 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 Arc::clone(&self.adoptions),
             ));
         }
-        Permit::new(host, waited, move || {
-            let adopted = std::mem::replace(&mut *adoptee.lock(), Adopted::Done);
-            drop(adopted);
-            drop(share);
-            drop(local);
+        let parts = Arc::new(Mutex::new(Some((adoptee, share, local))));
+        let back = Arc::clone(&parts);
+        let take = |parts: &Mutex<Option<_>>| {
+            let taken = parts.lock().unwrap_or_else(PoisonError::into_inner).take();
+            taken.map(|(adoptee, share, local): (Arc<Adoptee>, _, _)| {
+                // Nothing is left to count in the primary.
+                drop(std::mem::replace(&mut *adoptee.lock(), Adopted::Done));
+                (share, local)
+            })
+        };
+        Permit::new(host, waited, move || drop(take(&parts))).on_abandon(move || {
+            if let Some((share, local)) = take(&back) {
+                share.into_iter().chain(local).for_each(Permit::abandon);
+            }
         })
     }
 }
@@ -665,14 +691,12 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                         leave(local).await;
                     }
                     let waited = report.finish(WaitOutcome::Acquired);
-                    return Ok(Permit::new(host, waited, move || {
-                        drop(share);
-                        drop(shared);
-                        drop(local);
-                    }));
+                    return Ok(joint(host, waited, [share, Some(shared), local]));
                 }
                 Err(err) if err.is_unavailable() => err,
-                Err(Error::WaitBudget { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
+                Err(Error::WaitBudget { .. })
+                    if turn_ends.is_some_and(|ends| deadline.is_none_or(|d| ends < d)) =>
+                {
                     // The primary answered, but not within this turn
                     // (the caller's budget is not spent): the next turn.
                     self.shares.answered();

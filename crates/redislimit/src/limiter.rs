@@ -161,7 +161,7 @@ pub(crate) trait Admitted: Send + Sync {
     /// The request was never sent: take the admission back.
     fn abandon(self: Box<Self>);
     /// The request leaves at `at`; see [`Permit::try_send`].
-    fn try_send(&self, at: Instant) -> Result<(), Instant>;
+    fn try_send(&mut self, at: Instant) -> Result<(), Instant>;
 }
 
 /// How a permit is released.
@@ -234,9 +234,9 @@ impl Permit {
     /// Records that the request leaves at `at` (no earlier than it was
     /// admitted), so the gap and the quota count from `at`; or, when
     /// another request of this limiter was sent too recently for that,
-    /// refuses with the instant from which it may leave. Once recorded, a
-    /// sent request can no longer be taken back, so
-    /// [`abandon`](Self::abandon) becomes a release.
+    /// refuses with the instant from which it may leave. Recorded once;
+    /// [`abandon`](Self::abandon) takes the record back too, unless the
+    /// host recorded something else since.
     pub(crate) fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
         if let Some(Release::Admitted { admitted, sent }) = &mut self.release
             && !*sent
@@ -272,11 +272,7 @@ impl Permit {
                 ..
             }) => abandon(),
             Some(Release::Closures { release, .. }) => release(),
-            Some(Release::Admitted {
-                admitted,
-                sent: false,
-            }) => admitted.abandon(),
-            Some(Release::Admitted { admitted, .. }) => admitted.release(),
+            Some(Release::Admitted { admitted, .. }) => admitted.abandon(),
             None => {}
         }
     }

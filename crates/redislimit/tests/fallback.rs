@@ -292,3 +292,31 @@ async fn admissions_by_both_paths_do_not_fall_together() {
     );
     drop((first, second));
 }
+
+/// An admission given back unsent (a middleware chose not to send) costs
+/// the next request nothing, on either side: the primary's admission and
+/// the local send record are both taken back.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_permit_costs_the_next_request_nothing() {
+    let pacing = || {
+        Pacing::builder()
+            .min_delay(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let l = FallbackLimiter::new(DomainLimiter::new(pacing()), DomainLimiter::new(pacing()));
+    let first = l.acquire_host("t", host(), None).await.unwrap();
+    first.abandon();
+    let t = Instant::now();
+    let next = l.acquire_host("t", host(), None).await.unwrap();
+    assert_eq!(
+        t.elapsed(),
+        Duration::ZERO,
+        "the unsent request held the host"
+    );
+    // A released one does hold it.
+    next.release();
+    let t = Instant::now();
+    drop(l.acquire_host("t", host(), None).await.unwrap());
+    assert_eq!(t.elapsed(), Duration::from_secs(1));
+}

@@ -18,10 +18,12 @@ use super::{Crawler, Fetched, ModeProbe, Stop, read_urls, summarize};
 #[derive(Debug, Clone, Parser)]
 #[command(name = "crawl", version)]
 #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster"]).multiple(true))]
-#[command(after_help = "Logs go to stderr; RUST_LOG sets what is shown (default: info). \
+#[command(
+    after_help = "Logs go to stderr; RUST_LOG sets what is shown (default: info). \
 On SIGINT or SIGTERM no request starts; those in flight have --grace to finish, every \
 permit is released, the report and the summary are written, and the exit code is 130 or \
-143. A second signal ends the requests in flight at once.")]
+143. A second signal ends the requests in flight at once."
+)]
 pub struct Args {
     /// URLs to fetch.
     #[arg(value_name = "URL")]
@@ -394,7 +396,10 @@ mod tests {
     #[test]
     fn resolve_names_are_keyed_like_urls() {
         let ip = "127.0.0.1".parse().unwrap();
-        assert_eq!(parse_resolve("a.test.:127.0.0.1"), Ok(("a.test".into(), ip)));
+        assert_eq!(
+            parse_resolve("a.test.:127.0.0.1"),
+            Ok(("a.test".into(), ip))
+        );
         assert_eq!(
             parse_resolve("bücher.test:127.0.0.1"),
             Ok(("xn--bcher-kva.test".into(), ip))

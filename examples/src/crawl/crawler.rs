@@ -16,7 +16,7 @@ use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
 use redislimit::http::{MaxWait, retry_after};
 use redislimit::{Error, HostKey, Limiter};
-use redislimit_reqwest::{PacingMiddleware, Redirects, pacing_error};
+use redislimit_reqwest::{NotSent, PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
@@ -56,8 +56,8 @@ pub struct Fetched {
     pub final_url: Option<String>,
 }
 
-/// Stamped by a middleware inside the pacing one, once per hop: when the
-/// request left, and a signal to the host's queue that it was admitted.
+/// When the request left (its latest hop), stamped inside the pacing
+/// middleware.
 #[derive(Debug, Clone, Copy)]
 struct SentAt(SystemTime, Instant);
 
@@ -66,6 +66,47 @@ struct SentAt(SystemTime, Instant);
 #[derive(Debug, Clone)]
 struct Admitted(Arc<Mutex<Option<oneshot::Sender<()>>>>);
 
+/// The crawl's `--concurrency` slots as one request sees them: the slot
+/// it holds (from its first admitted hop to its end), or the way to take
+/// one once admitted.
+#[derive(Debug, Clone)]
+struct SlotGate {
+    slots: Arc<Semaphore>,
+    held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+}
+
+impl SlotGate {
+    fn new(slots: &Arc<Semaphore>, held: Option<OwnedSemaphorePermit>) -> Self {
+        Self {
+            slots: Arc::clone(slots),
+            held: Arc::new(Mutex::new(held)),
+        }
+    }
+
+    /// Holds a slot: the one held, or a free one; false when none is free.
+    fn take(&self) -> bool {
+        let mut held = lock(&self.held);
+        if held.is_none() {
+            *held = Arc::clone(&self.slots).try_acquire_owned().ok();
+        }
+        held.is_some()
+    }
+
+    /// Gives the slot back.
+    fn free(&self) {
+        drop(lock(&self.held).take());
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Inside the pacing middleware, once per hop: takes a `--concurrency`
+/// slot for an admitted request (or refuses to send it, so the admission
+/// is taken back), stamps when it left and tells its host's queue.
 #[derive(Debug)]
 struct Stamp;
 
@@ -77,15 +118,19 @@ impl Middleware for Stamp {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
+        if let Some(gate) = extensions.get::<SlotGate>()
+            && !gate.take()
+        {
+            return Err(reqwest_middleware::Error::Middleware(
+                NotSent::new("every --concurrency slot is busy").into(),
+            ));
+        }
         extensions.insert(SentAt(SystemTime::now(), Instant::now()));
-        // The short budget is the queue's, for the first hop only: a
-        // redirect's next hop waits as long as `--max-wait` allows.
+        // The queue's budget is for the first hop only: a redirect's next
+        // hop waits as long as `--max-wait` allows.
         extensions.remove::<MaxWait>();
         if let Some(Admitted(signal)) = extensions.get::<Admitted>()
-            && let Some(tx) = signal
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take()
+            && let Some(tx) = lock(signal).take()
         {
             let _ = tx.send(());
         }
@@ -93,9 +138,9 @@ impl Middleware for Stamp {
     }
 }
 
-/// How long a URL may wait for its host while holding a slot. A longer
-/// wait (a penalty, a far quota window) gives the slot back and waits
-/// outside, coming back this long before the host is due.
+/// How long a URL that holds a slot may wait for its host (it took the
+/// slot when its host was ready, so this is short unless something
+/// changed); a longer wait gives the slot back.
 const SLOT_WAIT: Duration = Duration::from_millis(100);
 
 /// Whether pacing is shared right now, for the progress line.
@@ -165,8 +210,11 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 enum Attempt {
     /// It ended (sent or not); report it.
     Done(Fetched),
-    /// Its host is not due for at least this long; come back then.
+    /// Its host is not due for at least this long; come back then, without
+    /// a slot.
     NotYet(Duration),
+    /// Admitted when no slot was free: taken back; try again with a slot.
+    NoSlot,
 }
 
 /// Counters for the progress line.
@@ -328,9 +376,11 @@ impl Crawler {
         );
     }
 
-    /// Sends `queue` (one host's URLs) in order: each URL waits for its
-    /// host's turn, takes a slot only to send, and the next one starts
-    /// waiting once it was admitted.
+    /// Sends `queue` (one host's URLs) in order. A URL waits for its
+    /// host's turn holding no slot; once admitted it takes a free slot and
+    /// is sent, and the next URL starts waiting. Admitted when every slot
+    /// is busy, it gives its admission back, waits for a slot, and asks
+    /// again holding it, for at most [`SLOT_WAIT`].
     async fn serve_host(
         self,
         host: String,
@@ -342,8 +392,9 @@ impl Crawler {
         let mut stop = self.stop.watch();
         'urls: while let Some(url) = queue.pop_front() {
             let queued = Instant::now();
-            let mut not_before = None;
             let _waiting = Waiting::new(&counters);
+            let mut slot: Option<OwnedSemaphorePermit> = None;
+            let mut not_before = None;
             loop {
                 if self.stop.level() != StopLevel::Run {
                     break 'urls;
@@ -353,18 +404,14 @@ impl Crawler {
                 {
                     break 'urls;
                 }
-                let slot = tokio::select! {
-                    slot = Arc::clone(&slots).acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => break 'urls,
-                    },
-                    () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
-                };
+                let probe = slot.is_some();
+                let gate = SlotGate::new(&slots, slot.take());
                 let (admitted_tx, admitted_rx) = oneshot::channel();
                 let this = self.clone();
                 let attempt_url = url.clone();
                 let mut task = tokio::spawn(async move {
-                    this.attempt(attempt_url, queued, slot, admitted_tx).await
+                    this.attempt(attempt_url, queued, gate, probe, admitted_tx)
+                        .await
                 });
                 // Until it is admitted, a stop cancels the attempt (nothing
                 // was sent, nothing stays booked).
@@ -390,15 +437,21 @@ impl Crawler {
                 }
                 match task.await {
                     Ok(Attempt::Done(fetched)) => {
+                        note_penalty(&counters, &fetched, self.max_penalty);
                         let _ = tx.send(fetched);
                         continue 'urls;
                     }
                     Ok(Attempt::NotYet(wait)) => {
-                        let back = wait.saturating_sub(SLOT_WAIT);
-                        if back >= Duration::from_secs(1) {
+                        if wait >= Duration::from_secs(1) {
                             note_hold(&counters, &host, wait);
                         }
-                        not_before = Some(Instant::now() + back);
+                        not_before = Some(Instant::now() + wait.saturating_sub(SLOT_WAIT));
+                    }
+                    Ok(Attempt::NoSlot) => {
+                        slot = tokio::select! {
+                            slot = Arc::clone(&slots).acquire_owned() => slot.ok(),
+                            () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
+                        };
                     }
                     Err(_) => continue 'urls,
                 }
@@ -406,55 +459,71 @@ impl Crawler {
         }
     }
 
-    /// One try at `url` holding `slot`: waits at most [`SLOT_WAIT`] for
-    /// the host (or what `--max-wait` leaves, counted from `queued`), then
-    /// sends and reads the body, unless stopped.
+    /// One try at `url`: waits for its host's turn (at most what
+    /// `--max-wait` leaves, counted from `queued`; at most [`SLOT_WAIT`]
+    /// when `probe`, as it holds a slot), then sends and reads the body,
+    /// unless the crawl is aborted.
     async fn attempt(
         self,
         url: Url,
         queued: Instant,
-        slot: OwnedSemaphorePermit,
+        gate: SlotGate,
+        probe: bool,
         admitted: oneshot::Sender<()>,
     ) -> Attempt {
-        let budget = match self.max_wait {
-            Some(max) => SLOT_WAIT.min(max.saturating_sub(queued.elapsed())),
-            None => SLOT_WAIT,
+        let left = self.max_wait.map(|m| m.saturating_sub(queued.elapsed()));
+        let budget = match (probe, left) {
+            (true, Some(left)) => Some(SLOT_WAIT.min(left)),
+            (true, None) => Some(SLOT_WAIT),
+            (false, left) => left,
         };
         let mut extensions = Extensions::new();
-        extensions.insert(MaxWait(budget));
+        if let Some(budget) = budget {
+            extensions.insert(MaxWait(budget));
+        }
+        extensions.insert(gate.clone());
         extensions.insert(Admitted(Arc::new(Mutex::new(Some(admitted)))));
         let mut stop = self.stop.watch();
-        let fetch = self.fetch(url.clone(), queued, &mut extensions);
         let attempt = tokio::select! {
-            attempt = fetch => attempt,
+            attempt = self.fetch(url.clone(), queued, left, &mut extensions) => attempt,
             () = stopped(&mut stop, StopLevel::Abort) => {
                 let sent = extensions.get::<SentAt>().copied();
-                Attempt::Done(self.fetched(&url, queued, sent, None, Some("aborted: the crawl was stopped".into())))
+                let error = Some("aborted: the crawl was stopped".to_owned());
+                Attempt::Done(self.fetched(&url, queued, sent, None, error))
             }
         };
-        drop(slot);
+        gate.free();
         attempt
     }
 
-    /// Sends `url` and reads its body.
-    async fn fetch(&self, url: Url, queued: Instant, extensions: &mut Extensions) -> Attempt {
+    /// Sends `url` and reads its body. `left` is what `--max-wait` leaves.
+    async fn fetch(
+        &self,
+        url: Url,
+        queued: Instant,
+        left: Option<Duration>,
+        extensions: &mut Extensions,
+    ) -> Attempt {
         let result = match self.client.get(url.clone()).build() {
-            Ok(request) => self.client.execute_with_extensions(request, extensions).await,
+            Ok(request) => {
+                self.client
+                    .execute_with_extensions(request, extensions)
+                    .await
+            }
             Err(err) => Err(reqwest_middleware::Error::Reqwest(err)),
         };
         let sent = extensions.get::<SentAt>().copied();
         let response = match result {
             Ok(response) => response,
+            Err(err) if sent.is_none() && NotSent::is(&err) => return Attempt::NoSlot,
             Err(err) => {
                 let error = match pacing_error(&err) {
-                    Some(Error::WaitBudget { wait, .. }) if sent.is_none() => {
-                        // The queue's own short budget, not `--max-wait`:
-                        // come back when the host is due.
-                        let left = self.max_wait.map(|m| m.saturating_sub(queued.elapsed()));
-                        if left.is_none_or(|left| *wait < left) {
-                            return Attempt::NotYet(*wait);
-                        }
-                        format!("not sent: {}", error_chain(pacing_error(&err).unwrap()))
+                    // A wait longer than the slot's budget but within
+                    // `--max-wait`: come back when the host is due.
+                    Some(Error::WaitBudget { wait, .. })
+                        if sent.is_none() && left.is_none_or(|left| *wait < left) =>
+                    {
+                        return Attempt::NotYet(*wait);
                     }
                     Some(pacing) => format!("not sent: {}", error_chain(pacing)),
                     None => error_chain(&err),
@@ -641,7 +710,8 @@ mod tests {
             .into_iter()
             .map(|(h, q)| (h, q.iter().map(|u| u.path().to_owned()).collect()))
             .collect();
-        let expect = |h: &str, p: &[&str]| (h.to_owned(), p.iter().map(|s| (*s).to_owned()).collect());
+        let expect =
+            |h: &str, p: &[&str]| (h.to_owned(), p.iter().map(|s| (*s).to_owned()).collect());
         assert_eq!(
             queues,
             [
@@ -656,7 +726,10 @@ mod tests {
     fn credentials_are_redacted() {
         let url = Url::parse("https://user:secret@a.test/p?q=1").unwrap();
         let shown = redact(&url);
-        assert!(!shown.contains("secret") && !shown.contains("user"), "{shown}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("user"),
+            "{shown}"
+        );
         assert_eq!(shown, "https://redacted@a.test/p?q=1");
         let plain = Url::parse("https://a.test/").unwrap();
         assert_eq!(redact(&plain), "https://a.test/");
@@ -677,7 +750,10 @@ mod tests {
             }
         }
         let root = E("connection refused", None);
-        let mid = E("tcp connect error: connection refused", Some(Box::new(root)));
+        let mid = E(
+            "tcp connect error: connection refused",
+            Some(Box::new(root)),
+        );
         let top = E("error sending request", Some(Box::new(mid)));
         assert_eq!(
             error_chain(&top),

@@ -118,12 +118,20 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("crawl-utf8-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("urls.txt");
-        std::fs::write(&path, b"http://a.test/1\nhttp://a.test/\xff\xfe\r\nhttp://a.test/3").unwrap();
+        std::fs::write(
+            &path,
+            b"http://a.test/1\nhttp://a.test/\xff\xfe\r\nhttp://a.test/3",
+        )
+        .unwrap();
         let input = read_urls(&[], Some(&path)).unwrap();
         let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
         assert_eq!(urls, ["http://a.test/1", "http://a.test/3"]);
         assert_eq!(input.skipped.len(), 1, "{:?}", input.skipped);
-        assert!(input.skipped[0].ends_with(":2: not UTF-8"), "{:?}", input.skipped);
+        assert!(
+            input.skipped[0].ends_with(":2: not UTF-8"),
+            "{:?}",
+            input.skipped
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -63,10 +63,7 @@ impl PaceOptions {
         extensions: &Extensions,
         request_timeout: Option<Duration>,
     ) -> Option<Instant> {
-        let max_wait = extensions
-            .get::<MaxWait>()
-            .map(|m| m.0)
-            .or(self.max_wait);
+        let max_wait = extensions.get::<MaxWait>().map(|m| m.0).or(self.max_wait);
         let budget = match (request_timeout, max_wait) {
             (Some(own), Some(max)) => Some(own.min(max)),
             (own, max) => own.or(max),

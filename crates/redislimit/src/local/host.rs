@@ -49,6 +49,17 @@ pub(crate) struct Admission {
     at: Instant,
     ready_before: Instant,
     epoch: u64,
+    /// When its send was recorded (and the epoch that made), with what
+    /// the record replaced.
+    sent: Option<(Instant, u64, Unsent)>,
+}
+
+/// The send record of a host before [`HostState::try_send`] changed it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unsent {
+    last_sent: Option<Instant>,
+    sent_gap_until: Instant,
+    ready_at: Instant,
 }
 
 impl HostState {
@@ -115,6 +126,7 @@ impl HostState {
             at: now,
             ready_before: self.ready_at,
             epoch: self.epoch.wrapping_add(1),
+            sent: None,
         };
         self.epoch = admission.epoch;
         self.in_flight += 1;
@@ -136,13 +148,25 @@ impl HostState {
     /// Takes back an admission whose request was never sent: it no longer
     /// counts in flight or in the quota, and the gap it opened closes again
     /// unless something happened on this host since.
+    ///
+    /// A send recorded by [`try_send`](Self::try_send) is taken back the
+    /// same way: unless another admission, send, completion or penalty was
+    /// recorded since, the host is as it was before the send was recorded.
     pub(crate) fn undo(&mut self, admission: &Admission) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        if let Some(i) = self.admissions.iter().rposition(|&t| t == admission.at) {
+        let recorded_at = admission.sent.as_ref().map_or(admission.at, |(at, ..)| *at);
+        if let Some(i) = self.admissions.iter().rposition(|&t| t == recorded_at) {
             self.admissions.remove(i);
         }
-        if self.epoch == admission.epoch {
-            self.ready_at = admission.ready_before;
+        match &admission.sent {
+            Some((_, epoch, before)) if self.epoch == *epoch => {
+                self.last_sent = before.last_sent;
+                self.sent_gap_until = before.sent_gap_until;
+                self.ready_at = before.ready_at;
+            }
+            Some(_) => {}
+            None if self.epoch == admission.epoch => self.ready_at = admission.ready_before,
+            None => {}
         }
         self.epoch = self.epoch.wrapping_add(1);
     }
@@ -158,14 +182,27 @@ impl HostState {
     /// a shared limiter that just came back) must not leave together.
     pub(crate) fn try_send(
         &mut self,
-        admission: &Admission,
+        admission: &mut Admission,
         at: Instant,
         pacing: &Pacing,
     ) -> Result<(), Instant> {
         if at < self.sent_gap_until {
             return Err(self.sent_gap_until);
         }
+        // Nothing else happened since the admission: taking the send back
+        // may take the admission's own gap back too.
+        let ready_at = if self.epoch == admission.epoch {
+            admission.ready_before
+        } else {
+            self.ready_at
+        };
+        let before = Unsent {
+            last_sent: self.last_sent,
+            sent_gap_until: self.sent_gap_until,
+            ready_at,
+        };
         self.epoch = self.epoch.wrapping_add(1);
+        admission.sent = Some((at, self.epoch, before));
         self.last_sent = Some(at);
         self.sent_gap_until = after(at, pacing.min_delay());
         self.ready_at = self.ready_at.max(self.sent_gap_until);
@@ -281,10 +318,10 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(4, 100, 2, 1000);
         let mut s = HostState::new(t0);
-        let a = s.admit(t0, &p);
+        let mut a = s.admit(t0, &p);
         s.admit(t0 + 100 * MS, &p);
         // The first request really left at 700 ms.
-        assert_eq!(s.try_send(&a, t0 + 700 * MS, &p), Ok(()));
+        assert_eq!(s.try_send(&mut a, t0 + 700 * MS, &p), Ok(()));
         assert_eq!(
             s.decide(t0 + 700 * MS, &p),
             Decision::WaitUntil(t0 + 1100 * MS),
@@ -297,16 +334,50 @@ mod tests {
         // Without a quota, only the gap moves.
         let p = pacing(4, 100, 0, 0);
         let mut s = HostState::new(t0);
-        let a = s.admit(t0, &p);
-        let b = s.admit(t0 + 100 * MS, &p);
-        assert_eq!(s.try_send(&a, t0 + 500 * MS, &p), Ok(()));
+        let mut a = s.admit(t0, &p);
+        let mut b = s.admit(t0 + 100 * MS, &p);
+        assert_eq!(s.try_send(&mut a, t0 + 500 * MS, &p), Ok(()));
         assert_eq!(
             s.decide(t0 + 550 * MS, &p),
             Decision::WaitUntil(t0 + 600 * MS)
         );
         // Another admission may not leave within min_delay of that send.
-        assert_eq!(s.try_send(&b, t0 + 550 * MS, &p), Err(t0 + 600 * MS));
-        assert_eq!(s.try_send(&b, t0 + 600 * MS, &p), Ok(()));
+        assert_eq!(s.try_send(&mut b, t0 + 550 * MS, &p), Err(t0 + 600 * MS));
+        assert_eq!(s.try_send(&mut b, t0 + 600 * MS, &p), Ok(()));
+    }
+
+    #[test]
+    fn a_recorded_send_is_taken_back_with_its_admission() {
+        let t0 = Instant::now();
+        let p = pacing(4, 100, 2, 1000);
+        let mut s = HostState::new(t0);
+        let mut a = s.admit(t0, &p);
+        assert_eq!(s.try_send(&mut a, t0 + 50 * MS, &p), Ok(()));
+        assert_eq!(s.last_sent(), Some(t0 + 50 * MS));
+        s.undo(&a);
+        // As if it had never been admitted: no gap, no quota entry, no send.
+        assert_eq!(s.last_sent(), None);
+        assert_eq!(s.decide(t0 + 60 * MS, &p), Decision::Admit);
+        let mut b = s.admit(t0 + 60 * MS, &p);
+        assert_eq!(s.try_send(&mut b, t0 + 60 * MS, &p), Ok(()));
+        s.admit(t0 + 160 * MS, &p);
+        assert_eq!(
+            s.decide(t0 + 260 * MS, &p),
+            Decision::WaitUntil(t0 + 1060 * MS),
+            "two quota entries, not three"
+        );
+        // Something recorded after the send: only the counts go back.
+        let mut p2 = HostState::new(t0);
+        let q = pacing(4, 100, 0, 0);
+        let mut c = p2.admit(t0, &q);
+        assert_eq!(p2.try_send(&mut c, t0, &q), Ok(()));
+        p2.admit(t0 + 100 * MS, &q);
+        p2.undo(&c);
+        assert_eq!(p2.last_sent(), Some(t0));
+        assert_eq!(
+            p2.decide(t0 + 150 * MS, &q),
+            Decision::WaitUntil(t0 + 200 * MS)
+        );
     }
 
     #[test]

@@ -335,7 +335,12 @@ impl Inner {
 
     /// Records that an admission's request leaves at `at`, unless another
     /// one left too recently; see [`HostState::try_send`].
-    fn try_send(&self, host: &HostKey, admission: &Admission, at: Instant) -> Result<(), Instant> {
+    fn try_send(
+        &self,
+        host: &HostKey,
+        admission: &mut Admission,
+        at: Instant,
+    ) -> Result<(), Instant> {
         let mut guard = lock(self.shard(host));
         match guard.hosts.get_mut(host) {
             Some(entry) => entry.state.try_send(admission, at, &self.pacing),
@@ -489,8 +494,8 @@ impl Admitted for LocalAdmission {
         self.inner.undo(&self.host, &self.admission);
     }
 
-    fn try_send(&self, at: Instant) -> Result<(), Instant> {
-        self.inner.try_send(&self.host, &self.admission, at)
+    fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
+        self.inner.try_send(&self.host, &mut self.admission, at)
     }
 }
 
