@@ -65,6 +65,8 @@ mod pacing;
 #[cfg(feature = "redis")]
 mod redis;
 
+#[cfg(feature = "tls-rustls")]
+pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{
     ClusterManager, ClusterPool, FallbackPolicy, RedisKeys, RedisLimiter, RedisLimiterBuilder,
