@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use redislimit::{
     DomainLimiter, FallbackPolicy, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts,
+    RedisTls,
 };
 
 use super::{Crawler, read_urls, summarize};
@@ -25,13 +26,19 @@ pub struct Args {
     #[arg(long = "urls", value_name = "FILE")]
     pub urls_file: Option<PathBuf>,
     /// Share pacing with other replicas through this Redis server
-    /// (`redis://host:port/`); without it, pacing is in-process.
+    /// (`redis://host:port/`, or `rediss://host:port/` for TLS); without it,
+    /// pacing is in-process.
     #[arg(long, value_name = "URL", conflicts_with = "redis_cluster")]
     pub redis: Option<String>,
     /// Share pacing through a Redis Cluster, seeded from these nodes
-    /// (repeatable).
+    /// (repeatable; `rediss://` for TLS).
     #[arg(long, value_name = "URL")]
     pub redis_cluster: Vec<String>,
+    /// With a `rediss://` Redis: trust the CA certificates in FILE (PEM)
+    /// instead of the system's certificates, e.g. for a Redis whose
+    /// certificate your own CA issued.
+    #[arg(long, value_name = "FILE")]
+    pub redis_ca: Option<PathBuf>,
     /// The key space this crawl paces in; replicas sharing a scope share a pace.
     #[arg(long, default_value = "domain")]
     pub scope: String,
@@ -168,12 +175,18 @@ impl Args {
     /// after checking that Redis answers.
     pub async fn limiter(&self) -> anyhow::Result<Arc<dyn Limiter>> {
         let pacing = self.pacing()?;
-        let pool = match (&self.redis, self.redis_cluster.as_slice()) {
-            (None, []) => return Ok(Arc::new(DomainLimiter::new(pacing))),
-            (Some(url), _) => RedisPool::standalone(url, RedisTimeouts::default())?,
-            (None, nodes) => {
+        let tls = self.redis_tls()?;
+        let timeouts = RedisTimeouts::default();
+        let pool = match (&self.redis, self.redis_cluster.as_slice(), &tls) {
+            (None, [], _) => return Ok(Arc::new(DomainLimiter::new(pacing))),
+            (Some(url), _, None) => RedisPool::standalone(url, timeouts)?,
+            (Some(url), _, Some(tls)) => RedisPool::standalone_tls(url, tls, timeouts)?,
+            (None, nodes, tls) => {
                 let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-                RedisPool::cluster(&nodes, RedisTimeouts::default())?
+                match tls {
+                    None => RedisPool::cluster(&nodes, timeouts)?,
+                    Some(tls) => RedisPool::cluster_tls(&nodes, tls, timeouts)?,
+                }
             }
         };
         let limiter = RedisLimiter::builder(pool, self.scope.clone())
@@ -186,6 +199,17 @@ impl Args {
         // Refuse to start beside replicas that pace this scope otherwise.
         limiter.check_config().await?;
         Ok(Arc::new(limiter.with_fallback()))
+    }
+
+    /// The CA that `--redis-ca` names, if any.
+    fn redis_tls(&self) -> anyhow::Result<Option<RedisTls>> {
+        let Some(path) = &self.redis_ca else {
+            return Ok(None);
+        };
+        if self.redis.is_none() && self.redis_cluster.is_empty() {
+            bail!("--redis-ca needs --redis or --redis-cluster");
+        }
+        Ok(Some(RedisTls::ca_file(path)?))
     }
 
     /// Crawls as these arguments say.
@@ -245,6 +269,25 @@ mod tests {
         assert!(parse_resolve(":127.0.0.1").is_err());
         assert!(parse_header("x-replica: 2").is_ok());
         assert!(parse_header("bad header:1").is_err());
+    }
+
+    #[test]
+    fn a_redis_ca_needs_redis_and_a_readable_file() {
+        let args =
+            Args::try_parse_from(["crawl", "--redis-ca", "ca.pem", "http://a.test/"]).unwrap();
+        let err = args.redis_tls().unwrap_err().to_string();
+        assert!(err.contains("needs --redis"), "{err}");
+        let args = Args::try_parse_from([
+            "crawl",
+            "--redis",
+            "rediss://127.0.0.1:6380/",
+            "--redis-ca",
+            "/nonexistent/ca.pem",
+            "http://a.test/",
+        ])
+        .unwrap();
+        let err = args.redis_tls().unwrap_err().to_string();
+        assert!(err.contains("cannot read"), "{err}");
     }
 
     #[test]
