@@ -23,6 +23,10 @@
 //!   it is back.
 //! - Replicas of one scope must agree on the settings that decide
 //!   admission ([`RedisLimiter::check_config`], [`Error::ConfigMismatch`]).
+//! - Redis over TLS (feature `tls-rustls`, rustls with ring): `rediss://`
+//!   URLs trust the system's certificates; `RedisTls` and
+//!   `RedisPool::standalone_tls` / `cluster_tls` trust your own CA
+//!   instead (see [`RedisPool`]).
 //!
 //! Every failure is one [`Error`]; hooks ([`Hooks`]) and `tracing` events
 //! report each decision once.

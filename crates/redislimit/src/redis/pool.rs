@@ -67,7 +67,7 @@ impl RedisTimeouts {
 /// A pool of connections to one Redis deployment.
 ///
 /// `rediss://` URLs connect over TLS (feature `tls-rustls`): standalone,
-/// Sentinel and Cluster; [`RedisTls`](crate::RedisTls) names a CA to
+/// Sentinel and Cluster; `RedisTls` names a CA to
 /// trust instead of the system's certificates (not for Sentinel, whose
 /// deadpool-redis pool takes none; `SSL_CERT_FILE` works for all three).
 ///
@@ -167,7 +167,7 @@ fn prepare_tls<'a>(urls: impl IntoIterator<Item = &'a str>) -> Result<(), Config
 impl RedisPool {
     /// A pool of connections to one server at `url` (`redis://host:port/db`,
     /// or `rediss://` for TLS, trusting the system's certificates; see
-    /// [`RedisPool::standalone_tls`] to trust your own CA).
+    /// `RedisPool::standalone_tls` to trust your own CA).
     pub fn standalone(url: &str, timeouts: RedisTimeouts) -> Result<Self, ConfigError> {
         prepare_tls([url])?;
         Self::standalone_at(url, timeouts)
@@ -240,7 +240,7 @@ impl RedisPool {
 
     /// A pool of cluster connections seeded from `nodes` (`rediss://` URLs
     /// for TLS, trusting the system's certificates; see
-    /// [`RedisPool::cluster_tls`] to trust your own CA).
+    /// `RedisPool::cluster_tls` to trust your own CA).
     pub fn cluster(nodes: &[&str], timeouts: RedisTimeouts) -> Result<Self, ConfigError> {
         prepare_tls(nodes.iter().copied())?;
         Self::cluster_with(ClusterClientBuilder::new(nodes.to_vec()), timeouts)
