@@ -9,6 +9,10 @@
 //!     --redis redis://127.0.0.1:6379/ --min-delay 500ms --urls urls.txt --report report.jsonl
 //! ```
 //!
+//! For Redis over TLS give a `rediss://` URL; add `--redis-ca ca.pem` when
+//! the server's certificate was issued by your own CA rather than one the
+//! system trusts.
+//!
 //! Look at the per-host summary at the end (requests, errors, mean wait,
 //! achieved rate, statuses) and at the report: one JSON object per URL with
 //! its status or error, when it was sent and when its body was read.

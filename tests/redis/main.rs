@@ -1,7 +1,7 @@
 //! `RedisLimiter` against real Redis servers: the invariants of DESIGN.md
 //! measured from what a recording "upstream" saw, on standalone, Cluster and
-//! Sentinel deployments, with crashed replicas, dead, frozen and failed-over
-//! servers, and garbage in the keys.
+//! Sentinel deployments, over TLS, with crashed replicas, dead, frozen and
+//! failed-over servers, and garbage in the keys.
 
 mod agreement;
 mod circuit;
@@ -13,6 +13,7 @@ mod leases;
 mod modes;
 mod renewal;
 mod shutdown;
+mod tls;
 mod topologies;
 
 use std::future::Future;

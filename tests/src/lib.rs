@@ -1,7 +1,8 @@
 //! Shared support for redislimit's integration tests: real Redis processes to test against.
 //!
 //! - [`RedisServer`]: a standalone `redis-server` on a free loopback port that a test can
-//!   kill, pause, resume and restart;
+//!   kill, pause, resume and restart; [`RedisServer::start_tls`] serves TLS only, with a
+//!   certificate of a [`TestCa`] made at run time;
 //! - [`RedisCluster`]: three Cluster masters covering every slot;
 //! - [`RedisSentinel`]: a master, a replica and a Sentinel monitoring them;
 //! - [`resp`]: a tiny blocking RESP2 client to poke at them directly;
@@ -25,10 +26,11 @@ mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;
 pub mod resp;
+mod tls;
 mod upstream;
 mod wait;
 
 pub use self::{
     proxy::StallProxy, redis_cluster::RedisCluster, redis_sentinel::RedisSentinel,
-    redis_server::RedisServer, upstream::Upstream,
+    redis_server::RedisServer, tls::TestCa, upstream::Upstream,
 };

@@ -6,7 +6,7 @@ use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     thread,
     time::{Duration, Instant},
 };
@@ -14,8 +14,10 @@ use std::{
 use tempfile::TempDir;
 
 use crate::{
+    TestCa,
     port::free_port,
     resp::{self, DEFAULT_TIMEOUT, Reply},
+    tls::{CA_FILE, CERT_FILE, KEY_FILE},
 };
 
 /// How long a started process gets to answer `PING`.
@@ -66,6 +68,8 @@ pub(crate) struct Launch {
     args: Vec<String>,
     /// The port must leave room for a Cluster bus port (`port + 10000`).
     cluster_bus: bool,
+    /// Serve TLS only (`--tls-port`, `--port 0`) with a certificate of this CA.
+    tls: Option<Arc<TestCa>>,
 }
 
 impl Launch {
@@ -82,6 +86,7 @@ impl Launch {
             persistence_off: true,
             args,
             cluster_bus,
+            tls: None,
         }
     }
 
@@ -93,6 +98,7 @@ impl Launch {
             persistence_off: false,
             args: Vec::new(),
             cluster_bus: false,
+            tls: None,
         }
     }
 }
@@ -118,12 +124,29 @@ impl RedisServer {
         Self::launch(Launch::server(args))
     }
 
+    /// Starts a `redis-server` that speaks TLS only, with a certificate of a fresh
+    /// [`TestCa`] made for this server: its port is a `--tls-port` (the plain port is off),
+    /// clients need no certificate of their own, [`RedisServer::url`] is `rediss://`, and
+    /// clients must trust [`RedisServer::tls`]'s CA.
+    ///
+    /// Panics, with the server's log, when the installed `redis-server` was built without
+    /// TLS.
+    pub fn start_tls() -> Self {
+        let mut launch = Launch::server(&[]);
+        launch.tls = Some(Arc::new(TestCa::new()));
+        Self::launch(launch)
+    }
+
     /// Starts the process `launch` describes on a free port, retrying on port races.
     pub(crate) fn launch(launch: Launch) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("redislimit-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temp dir for {}: {e}", launch.program));
+        if let Some(ca) = &launch.tls {
+            ca.write_to(dir.path())
+                .unwrap_or_else(|e| panic!("cannot write the TLS certificates: {e}"));
+        }
         if let Some(config) = &launch.config {
             fs::write(dir.path().join(CONFIG_FILE), config)
                 .unwrap_or_else(|e| panic!("cannot write the {} config: {e}", launch.program));
@@ -141,6 +164,15 @@ impl RedisServer {
                     };
                 }
                 Err(StartError::PortTaken(logs)) => last = logs,
+                Err(StartError::Failed(why))
+                    if launch.tls.is_some() && why.contains("tls-port") =>
+                {
+                    panic!(
+                        "{} did not start with TLS; it may have been built without TLS \
+                         (BUILD_TLS=yes): {why}",
+                        launch.program
+                    )
+                }
                 Err(StartError::Failed(why)) => panic!("{} did not start: {why}", launch.program),
             }
         }
@@ -151,7 +183,8 @@ impl RedisServer {
         )
     }
 
-    /// The TCP port the server listens on (kept across [`RedisServer::restart`]).
+    /// The TCP port the server listens on (kept across [`RedisServer::restart`]); for a
+    /// [`RedisServer::start_tls`] server, its TLS port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -161,9 +194,20 @@ impl RedisServer {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
-    /// `redis://127.0.0.1:PORT/`.
+    /// `redis://127.0.0.1:PORT/`, or `rediss://127.0.0.1:PORT/` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.launch.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// The CA whose certificate a [`RedisServer::start_tls`] server presents; `None` for a
+    /// plain server.
+    pub fn tls(&self) -> Option<&TestCa> {
+        self.launch.tls.as_deref()
     }
 
     /// The server's working directory (`--dir`), a temp dir removed on drop.
@@ -187,15 +231,19 @@ impl RedisServer {
     /// `"+PONG\r\n"` or `":0\r\n"`; an error reply comes back as text (`"-ERR ...\r\n"`).
     ///
     /// Panics when the server cannot be reached within 5 s; use [`resp::command`] to see
-    /// the I/O error instead.
+    /// the I/O error instead. A TLS server is spoken to over TLS.
     pub fn command(&self, args: &[&str]) -> String {
-        resp::command(self.addr(), args, DEFAULT_TIMEOUT)
-            .unwrap_or_else(|e| panic!("{}: `{}` failed: {e}", self.name(), args.join(" ")))
+        self.exchange(args).0
     }
 
     /// Like [`RedisServer::command`], but parses the reply.
     pub fn query(&self, args: &[&str]) -> Reply {
-        resp::query(self.addr(), args, DEFAULT_TIMEOUT)
+        self.exchange(args).1
+    }
+
+    fn exchange(&self, args: &[&str]) -> (String, Reply) {
+        let tls = self.launch.tls.as_ref().map(|ca| ca.client_config());
+        resp::exchange_over(self.addr(), args, DEFAULT_TIMEOUT, tls.as_ref())
             .unwrap_or_else(|e| panic!("{}: `{}` failed: {e}", self.name(), args.join(" ")))
     }
 
@@ -292,7 +340,8 @@ fn stop(child: &mut Option<Child>) {
 fn start_process(launch: &Launch, dir: &Path, port: u16) -> Result<Child, StartError> {
     let mut child = spawn(launch, dir, port);
     watch_parent(child.id());
-    match wait_ready(&mut child, dir, port) {
+    let tls = launch.tls.as_ref().map(|ca| ca.client_config());
+    match wait_ready(&mut child, dir, port, tls.as_ref()) {
         Ok(()) => Ok(child),
         Err(e) => {
             let _ = child.kill();
@@ -312,19 +361,30 @@ fn spawn(launch: &Launch, dir: &Path, port: u16) -> Child {
     if launch.config.is_some() {
         cmd.arg(dir.join(CONFIG_FILE));
     }
-    cmd.args(["--port", &port.to_string()])
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--protected-mode",
-            "no",
-            "--daemonize",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--logfile")
-        .arg(dir.join(LOG_FILE));
+    if launch.tls.is_some() {
+        cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+            .arg("--tls-cert-file")
+            .arg(dir.join(CERT_FILE))
+            .arg("--tls-key-file")
+            .arg(dir.join(KEY_FILE))
+            .arg("--tls-ca-cert-file")
+            .arg(dir.join(CA_FILE))
+            .args(["--tls-auth-clients", "no"]);
+    } else {
+        cmd.args(["--port", &port.to_string()]);
+    }
+    cmd.args([
+        "--bind",
+        "127.0.0.1",
+        "--protected-mode",
+        "no",
+        "--daemonize",
+        "no",
+    ])
+    .arg("--dir")
+    .arg(dir)
+    .arg("--logfile")
+    .arg(dir.join(LOG_FILE));
     if launch.persistence_off {
         cmd.args(["--save", "", "--appendonly", "no"]);
     }
@@ -362,7 +422,12 @@ case "$(cat "/proc/$2/comm" 2>/dev/null)" in redis*) kill -9 "$2" 2>/dev/null ;;
 
 /// Polls until the process answers `PING` and `INFO` shows it is ours (not another
 /// server that won a race for the port), until it exits, or for at most 10 s.
-fn wait_ready(child: &mut Child, dir: &Path, port: u16) -> Result<(), StartError> {
+fn wait_ready(
+    child: &mut Child,
+    dir: &Path,
+    port: u16,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<(), StartError> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
@@ -380,7 +445,7 @@ fn wait_ready(child: &mut Child, dir: &Path, port: u16) -> Result<(), StartError
             }
             Err(e) => return Err(StartError::Failed(format!("cannot poll the process: {e}"))),
         }
-        let reason = match answers_as(addr, child.id()) {
+        let reason = match answers_as(addr, child.id(), tls) {
             Ok(()) => return Ok(()),
             Err(reason) => reason,
         };
@@ -394,14 +459,21 @@ fn wait_ready(child: &mut Child, dir: &Path, port: u16) -> Result<(), StartError
     }
 }
 
-/// `PING` answers `+PONG` and `INFO server` reports `process_id:<pid>`.
-fn answers_as(addr: SocketAddr, pid: u32) -> Result<(), String> {
+/// `PING` answers `+PONG` and `INFO server` reports `process_id:<pid>` (over TLS with
+/// `tls`).
+fn answers_as(
+    addr: SocketAddr,
+    pid: u32,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<(), String> {
     let timeout = Duration::from_millis(500);
-    let pong = resp::command(addr, &["PING"], timeout).map_err(|e| e.to_string())?;
+    let (pong, _) =
+        resp::exchange_over(addr, &["PING"], timeout, tls).map_err(|e| e.to_string())?;
     if pong != "+PONG\r\n" {
         return Err(format!("PING answered {pong:?}"));
     }
-    let info = resp::query(addr, &["INFO", "server"], timeout).map_err(|e| e.to_string())?;
+    let (_, info) =
+        resp::exchange_over(addr, &["INFO", "server"], timeout, tls).map_err(|e| e.to_string())?;
     let info = info.as_str().unwrap_or_default();
     let theirs = info_field(info, "process_id").unwrap_or_default();
     if theirs == pid.to_string() {

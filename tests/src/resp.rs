@@ -1,13 +1,17 @@
-//! A tiny blocking RESP2 client over `std::net::TcpStream`, enough to drive the test servers.
+//! A tiny blocking RESP2 client over `std::net::TcpStream` (or TLS over it), enough to drive
+//! the test servers.
 //!
 //! Each call opens a fresh connection, sends one command and reads exactly one reply, so a
 //! paused or dead server costs at most the given timeout and never leaves state behind.
 
 use std::{
-    io::{self, BufRead, BufReader, Write},
+    io::{self, BufRead, BufReader, Read, Write},
     net::{SocketAddr, TcpStream},
+    sync::Arc,
     time::Duration,
 };
+
+use rustls::{ClientConfig, ClientConnection, StreamOwned, pki_types::ServerName};
 
 /// Timeout for connecting, writing and reading used by the harness's own commands.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,6 +63,27 @@ pub fn query(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<R
     exchange(addr, args, timeout).map(|(_, reply)| reply)
 }
 
+/// Like [`command`], over TLS with `tls` (verifying the server's certificate for the IP
+/// address of `addr`).
+pub fn command_tls(
+    addr: SocketAddr,
+    args: &[&str],
+    timeout: Duration,
+    tls: &Arc<ClientConfig>,
+) -> io::Result<String> {
+    exchange_over(addr, args, timeout, Some(tls)).map(|(raw, _)| raw)
+}
+
+/// Like [`query`], over TLS with `tls`.
+pub fn query_tls(
+    addr: SocketAddr,
+    args: &[&str],
+    timeout: Duration,
+    tls: &Arc<ClientConfig>,
+) -> io::Result<Reply> {
+    exchange_over(addr, args, timeout, Some(tls)).map(|(_, reply)| reply)
+}
+
 /// The RESP encoding of one command: an array of bulk strings.
 pub fn encode(args: &[&str]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
@@ -71,10 +96,33 @@ pub fn encode(args: &[&str]) -> Vec<u8> {
 }
 
 fn exchange(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<(String, Reply)> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    exchange_over(addr, args, timeout, None)
+}
+
+/// One command and its reply, in plain text or, with `tls`, over TLS.
+pub(crate) fn exchange_over(
+    addr: SocketAddr,
+    args: &[&str],
+    timeout: Duration,
+    tls: Option<&Arc<ClientConfig>>,
+) -> io::Result<(String, Reply)> {
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    match tls {
+        None => exchange_on(stream, args),
+        Some(config) => {
+            let name = ServerName::IpAddress(addr.ip().into());
+            let connection =
+                ClientConnection::new(Arc::clone(config), name).map_err(io::Error::other)?;
+            exchange_on(StreamOwned::new(connection, stream), args)
+        }
+    }
+}
+
+fn exchange_on(mut stream: impl Read + Write, args: &[&str]) -> io::Result<(String, Reply)> {
     stream.write_all(&encode(args))?;
+    stream.flush()?;
     let mut reader = BufReader::new(stream);
     let mut raw = Vec::new();
     let reply = read_reply(&mut reader, &mut raw)?;

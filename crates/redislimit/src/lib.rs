@@ -23,6 +23,10 @@
 //!   it is back.
 //! - Replicas of one scope must agree on the settings that decide
 //!   admission ([`RedisLimiter::check_config`], [`Error::ConfigMismatch`]).
+//! - Redis over TLS (feature `tls-rustls`, rustls with ring): `rediss://`
+//!   URLs trust the system's certificates; `RedisTls` and
+//!   `RedisPool::standalone_tls` / `cluster_tls` trust your own CA
+//!   instead (see [`RedisPool`]).
 //!
 //! Every failure is one [`Error`]; hooks ([`Hooks`]) and `tracing` events
 //! report each decision once.
@@ -65,6 +69,8 @@ mod pacing;
 #[cfg(feature = "redis")]
 mod redis;
 
+#[cfg(feature = "tls-rustls")]
+pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{
     ClusterManager, ClusterPool, FallbackPolicy, RedisKeys, RedisLimiter, RedisLimiterBuilder,

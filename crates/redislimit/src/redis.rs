@@ -8,8 +8,12 @@ mod pool;
 mod registry;
 mod renew;
 mod script;
+#[cfg(feature = "tls-rustls")]
+mod tls;
 
 pub use self::keys::RedisKeys;
 pub use self::limiter::{RedisLimiter, RedisLimiterBuilder};
 pub use self::pool::{ClusterManager, ClusterPool, RedisPool, RedisTimeouts};
 pub use self::registry::FallbackPolicy;
+#[cfg(feature = "tls-rustls")]
+pub use self::tls::RedisTls;

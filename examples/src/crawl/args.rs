@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use redislimit::{
     DomainLimiter, FallbackLimiter, FallbackPolicy, HostKey, Limiter, Pacing, RedisLimiter,
-    RedisPool, RedisTimeouts,
+    RedisPool, RedisTimeouts, RedisTls,
 };
 
 use super::{Crawler, Fetched, ModeProbe, Stop, read_urls, summarize};
@@ -33,13 +33,19 @@ pub struct Args {
     #[arg(long = "urls", value_name = "FILE")]
     pub urls_file: Option<PathBuf>,
     /// Share pacing with other replicas through this Redis server
-    /// (`redis://host:port/`); without it, pacing is in-process.
+    /// (`redis://host:port/`, or `rediss://host:port/` for TLS); without it,
+    /// pacing is in-process.
     #[arg(long, value_name = "URL", conflicts_with = "redis_cluster")]
     pub redis: Option<String>,
     /// Share pacing through a Redis Cluster, seeded from these nodes
-    /// (repeatable).
+    /// (repeatable; `rediss://` for TLS).
     #[arg(long, value_name = "URL")]
     pub redis_cluster: Vec<String>,
+    /// With a `rediss://` Redis: trust the CA certificates in FILE (PEM)
+    /// instead of the system's certificates, e.g. for a Redis whose
+    /// certificate your own CA issued.
+    #[arg(long, value_name = "FILE", requires = "shared")]
+    pub redis_ca: Option<PathBuf>,
     /// With Redis: the key space this crawl paces in; replicas sharing a
     /// scope share a pace.
     #[arg(long, requires = "shared", default_value = "domain")]
@@ -206,17 +212,23 @@ impl Args {
     /// The limiter, and a probe naming the pacing mode for progress lines.
     pub async fn pacer(&self) -> anyhow::Result<Pacer> {
         let pacing = self.pacing()?;
-        let pool = match (&self.redis, self.redis_cluster.as_slice()) {
-            (None, []) => {
+        let tls = self.redis_tls()?;
+        let timeouts = RedisTimeouts::default();
+        let pool = match (&self.redis, self.redis_cluster.as_slice(), &tls) {
+            (None, [], _) => {
                 return Ok(Pacer {
                     limiter: Arc::new(DomainLimiter::new(pacing)),
                     mode: Arc::new(|| "in-process"),
                 });
             }
-            (Some(url), _) => RedisPool::standalone(url, RedisTimeouts::default())?,
-            (None, nodes) => {
+            (Some(url), _, None) => RedisPool::standalone(url, timeouts)?,
+            (Some(url), _, Some(tls)) => RedisPool::standalone_tls(url, tls, timeouts)?,
+            (None, nodes, tls) => {
                 let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-                RedisPool::cluster(&nodes, RedisTimeouts::default())?
+                match tls {
+                    None => RedisPool::cluster(&nodes, timeouts)?,
+                    Some(tls) => RedisPool::cluster_tls(&nodes, tls, timeouts)?,
+                }
             }
         };
         let limiter = RedisLimiter::builder(pool, self.scope.clone())
@@ -240,6 +252,14 @@ impl Args {
                 }
             }),
         })
+    }
+
+    /// The CA that `--redis-ca` names, if any.
+    fn redis_tls(&self) -> anyhow::Result<Option<RedisTls>> {
+        let Some(path) = &self.redis_ca else {
+            return Ok(None);
+        };
+        Ok(Some(RedisTls::ca_file(path)?))
     }
 
     /// Crawls as these arguments say. Returns the signal that stopped the
@@ -470,6 +490,25 @@ mod tests {
         }
         let err = print_summary(&mut Closed, &[], 0, Duration::ZERO).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_redis_ca_needs_redis_and_a_readable_file() {
+        let err = Args::try_parse_from(["crawl", "--redis-ca", "ca.pem", "http://a.test/"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--redis"), "{err}");
+        let args = Args::try_parse_from([
+            "crawl",
+            "--redis",
+            "rediss://127.0.0.1:6380/",
+            "--redis-ca",
+            "/nonexistent/ca.pem",
+            "http://a.test/",
+        ])
+        .unwrap();
+        let err = args.redis_tls().unwrap_err().to_string();
+        assert!(err.contains("cannot read"), "{err}");
     }
 
     #[test]

@@ -9,9 +9,12 @@ use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, ServerErrorKind,
+    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
+    ServerErrorKind,
 };
 
+#[cfg(feature = "tls-rustls")]
+use super::tls::RedisTls;
 use crate::{BoxError, ConfigError};
 
 /// Timeouts and size of the pools the `RedisPool` constructors build.
@@ -63,6 +66,11 @@ impl RedisTimeouts {
 
 /// A pool of connections to one Redis deployment.
 ///
+/// `rediss://` URLs connect over TLS (feature `tls-rustls`): standalone,
+/// Sentinel and Cluster; `RedisTls` names a CA to
+/// trust instead of the system's certificates (not for Sentinel, whose
+/// deadpool-redis pool takes none; `SSL_CERT_FILE` works for all three).
+///
 /// The limiter only runs scripts on it and does not care which deployment
 /// it is. A pool passed in as a variant is used exactly as configured: set
 /// its timeouts (see [`RedisTimeouts`] for why). The constructors build
@@ -74,6 +82,14 @@ impl RedisTimeouts {
 /// let standalone = RedisPool::standalone("redis://127.0.0.1:6379/", RedisTimeouts::default())?;
 /// let cluster = RedisPool::cluster(&["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"], RedisTimeouts::default())?;
 /// let sentinel = RedisPool::sentinel(&["redis://10.0.0.1:26379/"], "mymaster", RedisTimeouts::default())?;
+///
+/// // TLS (feature `tls-rustls`): `rediss://` trusts the system's certificates,
+/// // `RedisTls` your own CA.
+/// # #[cfg(feature = "tls-rustls")] {
+/// let public = RedisPool::standalone("rediss://redis.example.com:6380/", RedisTimeouts::default())?;
+/// let tls = redislimit::RedisTls::ca_file("/etc/redis/tls/ca.crt")?;
+/// let private = RedisPool::standalone_tls("rediss://10.0.0.1:6380/", &tls, RedisTimeouts::default())?;
+/// # }
 ///
 /// // Or bring your own deadpool-redis pool, with your own timeouts:
 /// use redislimit::deadpool_redis::{Config, Runtime, PoolConfig, Timeouts};
@@ -125,13 +141,63 @@ fn invalid(err: impl fmt::Display) -> ConfigError {
     }
 }
 
+/// Whether `url` asks for TLS (`rediss://`, or `valkeys://`).
+fn is_tls(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
+/// Gets ready for the TLS that any of `urls` asks for, or says that this
+/// build cannot speak it.
+fn prepare_tls<'a>(urls: impl IntoIterator<Item = &'a str>) -> Result<(), ConfigError> {
+    if !urls.into_iter().any(is_tls) {
+        return Ok(());
+    }
+    #[cfg(feature = "tls-rustls")]
+    {
+        super::tls::ensure_crypto_provider();
+        Ok(())
+    }
+    #[cfg(not(feature = "tls-rustls"))]
+    Err(invalid(
+        "a rediss:// URL needs TLS: enable the `tls-rustls` feature of redislimit",
+    ))
+}
+
 impl RedisPool {
-    /// A pool of connections to one server at `url` (`redis://host:port/db`).
+    /// A pool of connections to one server at `url` (`redis://host:port/db`,
+    /// or `rediss://` for TLS, trusting the system's certificates; see
+    /// `RedisPool::standalone_tls` to trust your own CA).
     pub fn standalone(url: &str, timeouts: RedisTimeouts) -> Result<Self, ConfigError> {
+        prepare_tls([url])?;
+        Self::standalone_at(url, timeouts)
+    }
+
+    /// A pool of TLS connections to one server at `url` (`rediss://...`)
+    /// that trust the CA certificates of `tls` (feature `tls-rustls`).
+    #[cfg(feature = "tls-rustls")]
+    pub fn standalone_tls(
+        url: &str,
+        tls: &RedisTls,
+        timeouts: RedisTimeouts,
+    ) -> Result<Self, ConfigError> {
+        if !is_tls(url) {
+            return Err(invalid(format!("{url}: a TLS pool needs a rediss:// URL")));
+        }
+        prepare_tls([url])?;
+        let client = redis::Client::build_with_tls(url, tls.certificates()).map_err(invalid)?;
+        Self::standalone_at(client.get_connection_info().clone(), timeouts)
+    }
+
+    fn standalone_at(
+        info: impl IntoConnectionInfo,
+        timeouts: RedisTimeouts,
+    ) -> Result<Self, ConfigError> {
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response));
-        let manager = deadpool_redis::Manager::new_with_config(url, connection).map_err(invalid)?;
+        let manager =
+            deadpool_redis::Manager::new_with_config(info, connection).map_err(invalid)?;
         let pool = timeouts
             .apply(deadpool_redis::Pool::builder(manager))
             .build()
@@ -142,15 +208,26 @@ impl RedisPool {
     /// A pool of connections to the master that the Sentinels at
     /// `sentinels` know as `master_name`. Connections use the Redis
     /// client's default timeouts (1 s connect, 500 ms response).
+    ///
+    /// With `rediss://` Sentinel URLs, the master is reached over TLS as
+    /// well; both trust the system's certificates (deadpool-redis' Sentinel
+    /// pool takes no CA of its own: point `SSL_CERT_FILE` at your CA).
     pub fn sentinel(
         sentinels: &[&str],
         master_name: &str,
         timeouts: RedisTimeouts,
     ) -> Result<Self, ConfigError> {
+        prepare_tls(sentinels.iter().copied())?;
+        let node = sentinels.iter().any(|url| is_tls(url)).then_some(
+            deadpool_redis::sentinel::SentinelNodeConnectionInfo {
+                tls_mode: Some(deadpool_redis::sentinel::TlsMode::Secure),
+                redis_connection_info: None,
+            },
+        );
         let manager = deadpool_redis::sentinel::Manager::new(
             sentinels.to_vec(),
             master_name.to_owned(),
-            None,
+            node,
             deadpool_redis::sentinel::SentinelServerType::Master,
         )
         .map_err(invalid)?;
@@ -161,9 +238,38 @@ impl RedisPool {
         Ok(Self::Sentinel(pool))
     }
 
-    /// A pool of cluster connections seeded from `nodes`.
+    /// A pool of cluster connections seeded from `nodes` (`rediss://` URLs
+    /// for TLS, trusting the system's certificates; see
+    /// `RedisPool::cluster_tls` to trust your own CA).
     pub fn cluster(nodes: &[&str], timeouts: RedisTimeouts) -> Result<Self, ConfigError> {
-        let client = ClusterClientBuilder::new(nodes.to_vec())
+        prepare_tls(nodes.iter().copied())?;
+        Self::cluster_with(ClusterClientBuilder::new(nodes.to_vec()), timeouts)
+    }
+
+    /// A pool of TLS cluster connections seeded from `nodes`
+    /// (`rediss://...`) that trust the CA certificates of `tls` (feature
+    /// `tls-rustls`).
+    #[cfg(feature = "tls-rustls")]
+    pub fn cluster_tls(
+        nodes: &[&str],
+        tls: &RedisTls,
+        timeouts: RedisTimeouts,
+    ) -> Result<Self, ConfigError> {
+        prepare_tls(nodes.iter().copied())?;
+        if let Some(plain) = nodes.iter().find(|url| !is_tls(url)) {
+            return Err(invalid(format!(
+                "{plain}: a TLS cluster needs rediss:// node URLs"
+            )));
+        }
+        let builder = ClusterClientBuilder::new(nodes.to_vec()).certs(tls.certificates());
+        Self::cluster_with(builder, timeouts)
+    }
+
+    fn cluster_with(
+        builder: ClusterClientBuilder,
+        timeouts: RedisTimeouts,
+    ) -> Result<Self, ConfigError> {
+        let client = builder
             .connection_timeout(timeouts.connect)
             .response_timeout(timeouts.response)
             .retries(2)
@@ -337,5 +443,33 @@ impl managed::Manager for ClusterManager {
     ) -> managed::RecycleResult<RedisError> {
         redis::cmd("PING").query_async::<()>(conn).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_tls;
+
+    #[test]
+    fn tls_urls_are_recognised_by_scheme() {
+        assert!(is_tls("rediss://127.0.0.1:6380/"));
+        assert!(is_tls("REDISS://example.com/"));
+        assert!(is_tls("valkeys://example.com/"));
+        assert!(!is_tls("redis://rediss.example.com/"));
+        assert!(!is_tls("127.0.0.1:6379"));
+    }
+
+    #[cfg(not(feature = "tls-rustls"))]
+    #[test]
+    fn a_tls_url_without_the_feature_names_the_feature() {
+        use super::{RedisPool, RedisTimeouts};
+        use crate::ConfigError;
+
+        let err = RedisPool::standalone("rediss://127.0.0.1:6380/", RedisTimeouts::default())
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::InvalidRedis { reason } if reason.contains("tls-rustls")),
+            "{err}"
+        );
     }
 }
