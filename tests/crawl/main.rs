@@ -4,7 +4,9 @@
 //! frozen mid-crawl, a replica killed mid-request, a 429 with Retry-After.
 //! Every URL must end exactly once, with a status or a reported error.
 
+mod cli;
 mod faults;
+mod lifecycle;
 mod modes;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,12 @@ use tokio::process::{Child, Command};
 
 pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
+
+/// Every host name a test may use, resolved to the upstream by `spawn`.
+const RESOLVED: [&str; 11] = [
+    "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test", "r4.test", "r5.test",
+    "t.test", "p.test", "h.test",
+];
 
 /// Sends are spaced where they are admitted, in Redis; the upstream sees
 /// them after the answer travels back and the request goes out, which on a
@@ -58,7 +66,7 @@ pub(crate) fn spawn(
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
     cmd.arg("--urls").arg(&list).arg("--report").arg(&report);
     cmd.args(["--header", &format!("x-replica:{n}"), "--concurrency", "8"]);
-    for host in HOSTS {
+    for host in RESOLVED {
         cmd.args(["--resolve", &format!("{host}:{}", upstream.addr().ip())]);
     }
     cmd.args(extra)

@@ -1,0 +1,1 @@
+//! The command line's small promises, each checked by running the crawl.
