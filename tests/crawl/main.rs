@@ -23,8 +23,8 @@ pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
 
 /// Every host name a test may use, resolved to the upstream by `spawn`.
 const RESOLVED: [&str; 11] = [
-    "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test", "r4.test", "r5.test",
-    "t.test", "p.test", "h.test",
+    "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test", "r4.test", "r5.test", "t.test",
+    "p.test", "h.test",
 ];
 
 /// Sends are spaced where they are admitted, in Redis; the upstream sees
@@ -52,7 +52,8 @@ pub(crate) struct Replica {
     pub(crate) urls: Vec<String>,
 }
 
-/// Starts replica `n` fetching `urls` from `upstream`, with `extra` args.
+/// Starts replica `n` fetching `urls` from `upstream`, with `extra` args
+/// (and `--concurrency 8` unless they set it).
 pub(crate) fn spawn(
     dir: &Path,
     n: usize,
@@ -65,7 +66,10 @@ pub(crate) fn spawn(
     let report = dir.join(format!("report-{n}.jsonl"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
     cmd.arg("--urls").arg(&list).arg("--report").arg(&report);
-    cmd.args(["--header", &format!("x-replica:{n}"), "--concurrency", "8"]);
+    cmd.args(["--header", &format!("x-replica:{n}")]);
+    if !extra.contains(&"--concurrency") {
+        cmd.args(["--concurrency", "8"]);
+    }
     for host in RESOLVED {
         cmd.args(["--resolve", &format!("{host}:{}", upstream.addr().ip())]);
     }
