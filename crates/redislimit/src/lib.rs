@@ -28,6 +28,10 @@
 //!   `RedisPool::standalone_tls` / `cluster_tls` trust your own CA
 //!   instead (see [`RedisPool`]).
 //!
+//! - [`Limiter::close`] ends a limiter's use: new acquires fail with
+//!   [`Error::Closed`], and it returns once every release is in Redis. A
+//!   program calls it before its runtime ends.
+//!
 //! Every failure is one [`Error`]; hooks ([`Hooks`]) and `tracing` events
 //! report each decision once.
 //!

@@ -362,6 +362,7 @@ impl Crawler {
         let elapsed = started.elapsed().as_secs_f64().max(0.001);
         let sent = counters.sent.load(Ordering::Relaxed);
         tracing::info!(
+            target: "crawl",
             "progress: {}/{total} done, {:.1} sent/s, {} hosts waiting, {} penalized, pacing {}{}",
             counters.done.load(Ordering::Relaxed),
             sent as f64 / elapsed,
