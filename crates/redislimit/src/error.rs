@@ -211,3 +211,43 @@ pub enum ConfigError {
         value: String,
     },
 }
+
+/// Shows an error with its causes, each once (`outer: cause: root`), for
+/// logs: [`Error::Unavailable`] keeps the backend's error as its source.
+pub(crate) struct Causes<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let text = e.to_string();
+            // Some errors print their cause as part of their own message.
+            if !last.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            last = text;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_are_shown_once_each() {
+        let err = Error::unavailable(
+            Op::Acquire,
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+        );
+        assert_eq!(
+            Causes(&err).to_string(),
+            "pacing backend unavailable during acquire: connection refused"
+        );
+        assert_eq!(Causes(&Error::Closed).to_string(), "the limiter is closed");
+    }
+}

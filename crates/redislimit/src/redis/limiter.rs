@@ -616,7 +616,7 @@ impl Shared {
             // A mismatch was reported where it was found.
             if err.is_unavailable() {
                 self.hooks.on_error(Op::Acquire, &err);
-                tracing::warn!(host = %host, error = %err, "acquire failed");
+                tracing::warn!(host = %host, error = %crate::error::Causes(&err), "acquire failed");
             }
             report.abandon();
             return Err(err);
@@ -672,7 +672,7 @@ impl Shared {
                 Ok(Answer::Wait { wait, full }) => (wait, full),
                 Err(err) => {
                     self.hooks.on_error(Op::Acquire, &err);
-                    tracing::warn!(host = %host, error = %err, "acquire failed");
+                    tracing::warn!(host = %host, error = %crate::error::Causes(&err), "acquire failed");
                     report.abandon();
                     return Err(err);
                 }
@@ -833,7 +833,7 @@ impl Shared {
             let Err(e) = released else { return };
             let err = unavailable(Op::Release, e);
             if backoff == Duration::from_millis(50) {
-                tracing::warn!(gate = %keys.gate, error = %err, "release failed; retrying");
+                tracing::warn!(gate = %keys.gate, error = %crate::error::Causes(&err), "release failed; retrying");
                 self.hooks.on_error(Op::Release, &err);
             }
             if start.elapsed() + backoff > self.lease_ttl {
@@ -924,7 +924,7 @@ impl Shared {
             }
             Err(e) => {
                 let err = unavailable(Op::Penalize, e);
-                tracing::warn!(host = %host, error = %err, "penalize failed");
+                tracing::warn!(host = %host, error = %crate::error::Causes(&err), "penalize failed");
                 self.hooks.on_error(Op::Penalize, &err);
                 Err(err)
             }
