@@ -23,8 +23,8 @@ pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
 
 /// Every host name a test may use, resolved to the upstream by `spawn`.
 const RESOLVED: [&str; 11] = [
-    "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test", "r4.test", "r5.test",
-    "t.test", "p.test", "h.test",
+    "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test", "r4.test", "r5.test", "t.test",
+    "p.test", "h.test",
 ];
 
 /// Sends are spaced where they are admitted, in Redis; the upstream sees
