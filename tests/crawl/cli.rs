@@ -1,1 +1,407 @@
 //! The command line's small promises, each checked by running the crawl.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use redislimit_tests::Upstream;
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::{MS, SLACK, read_report, tempdir};
+
+/// What one crawl left behind.
+struct Ran {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    report: Vec<Value>,
+}
+
+/// The crawl binary with stdout and stderr piped (so neither is a terminal).
+fn crawl() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// `--resolve NAME:ADDR` for each of `names`, to the upstream.
+fn resolve(upstream: &Upstream, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .flat_map(|name| {
+            [
+                "--resolve".into(),
+                format!("{name}:{}", upstream.addr().ip()),
+            ]
+        })
+        .collect()
+}
+
+/// Runs the crawl with `args` and a `--report` in `dir`, to its end.
+async fn run<S: AsRef<OsStr>>(dir: &Path, args: impl IntoIterator<Item = S>) -> Ran {
+    let report = dir.join("report.jsonl");
+    let mut cmd = crawl();
+    cmd.args(args).arg("--report").arg(&report);
+    let output = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the crawl did not finish")
+        .expect("start the crawl binary");
+    Ran {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        report: read_report(&report),
+    }
+}
+
+/// The report line of the URL whose path and query is `path`.
+fn line<'a>(ran: &'a Ran, path: &str) -> &'a Value {
+    ran.report
+        .iter()
+        .find(|l| l["url"].as_str().is_some_and(|u| u.ends_with(path)))
+        .unwrap_or_else(|| panic!("no report line for {path}: {:?}", ran.report))
+}
+
+/// How long after the first request to `host` the upstream saw the second.
+fn second_after_first(upstream: &Upstream, host: &str) -> Duration {
+    let seen = upstream.recorder().host(host);
+    assert_eq!(seen.len(), 2, "{host}: {seen:?}");
+    seen[1].send - seen[0].send
+}
+
+/// Before: `retry_after_ms` was `as_millis() as u64`, which wraps for a
+/// `Retry-After` of more seconds than fit, and the hold applied was not
+/// reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_retry_after_saturates_and_is_capped_by_max_penalty() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let cases = [
+        ("a.test", "18446744073709551615", u64::MAX),
+        ("b.test", "99999999999", 99_999_999_999_000),
+    ];
+    let mut args = resolve(&upstream, &["a.test", "b.test"]);
+    args.extend(["--max-penalty".into(), "2s".into()]);
+    for (host, value, _) in cases {
+        args.push(upstream.url(host, &format!("/status?code=429&retry_after={value}")));
+        args.push(upstream.url(host, "/next"));
+    }
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    for (host, value, asked_ms) in cases {
+        let penalized = ran
+            .report
+            .iter()
+            .find(|l| l["host"] == host && l["status"] == 429)
+            .unwrap_or_else(|| panic!("no 429 from {host}: {:?}", ran.report));
+        assert_eq!(
+            penalized["retry_after_ms"], asked_ms,
+            "{value}: {penalized}"
+        );
+        assert_eq!(penalized["hold_ms"], 2000, "{value}: {penalized}");
+        let apart = second_after_first(&upstream, host);
+        assert!(
+            apart >= 2000 * MS && apart < 3500 * MS,
+            "{host}: the next request came {apart:?} after Retry-After: {value} \
+             with --max-penalty 2s"
+        );
+    }
+}
+
+/// Before: URLs that were never sent (a blown `--max-wait`) counted in the
+/// host's rate, stamped when they gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_rate_counts_only_sent_requests() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let mut args = resolve(&upstream, &["a.test"]);
+    args.extend(["--max-wait", "100ms", "--min-delay", "50ms"].map(String::from));
+    args.push(upstream.url("a.test", "/first"));
+    args.push(upstream.url("a.test", "/status?code=429&retry_after=5"));
+    args.extend((0..3).map(|i| upstream.url("a.test", &format!("/held?i={i}"))));
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    let mut sent: Vec<u64> = ran
+        .report
+        .iter()
+        .filter(|l| l["sent"] == true)
+        .map(|l| l["start_ms"].as_u64().unwrap())
+        .collect();
+    sent.sort_unstable();
+    let held = ran.report.len() - sent.len();
+    // The 429 lands well within --min-delay, so the three after it
+    // would wait about 5 s, more than --max-wait: none of them leaves.
+    assert!(held >= 1, "{:?}", ran.report);
+    let seen = upstream.recorder().all();
+    assert_eq!(seen.len(), sent.len(), "{seen:?}");
+    // The rate of the requests that left, as summary.rs computes it.
+    let span = sent[sent.len() - 1] - sent[0];
+    let rate = format!("{:.2}/s", (sent.len() - 1) as f64 * 1000.0 / span as f64);
+    let row: Vec<&str> = ran
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("a.test "))
+        .unwrap_or_else(|| panic!("no a.test row:\n{}", ran.stdout))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[1..=2],
+        ["5".to_owned(), held.to_string()],
+        "requests, errors:\n{}",
+        ran.stdout
+    );
+    assert_eq!(row[4], rate, "the rate column:\n{}", ran.stdout);
+    let last_line = ran.stdout.lines().last().unwrap_or_default();
+    assert!(
+        last_line.starts_with(&format!("{} requests sent, 5 URLs ended", seen.len())),
+        "{last_line}"
+    );
+}
+
+/// Before: a line that is not UTF-8 failed the whole file, and the crawl
+/// exited before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_utf8_line_is_skipped_with_its_number() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let list = dir.path().join("urls.txt");
+    let port = upstream.addr().port();
+    let mut bytes = format!("http://a.test:{port}/one\n").into_bytes();
+    bytes.extend(format!("http://a.test:{port}/bad").bytes());
+    bytes.extend(b"\xff\xfe\n");
+    bytes.extend(format!("http://a.test:{port}/three\n").bytes());
+    std::fs::write(&list, bytes).unwrap();
+    let mut args = resolve(&upstream, &["a.test"]);
+    args.extend(["--min-delay".into(), "10ms".into(), "--urls".into()]);
+    args.push(list.display().to_string());
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    assert!(
+        ran.stderr
+            .lines()
+            .any(|l| l.contains("urls.txt:2:") && l.contains("not UTF-8")),
+        "{}",
+        ran.stderr
+    );
+    let paths: Vec<String> = upstream
+        .recorder()
+        .all()
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(paths, ["/one", "/three"]);
+}
+
+/// Before: the summary went out with `println!`, which panics when stdout
+/// is a closed pipe (`crawl ... | head`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_the_crawl_quietly() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let mut cmd = crawl();
+    cmd.args(resolve(&upstream, &["a.test"]))
+        .arg(upstream.url("a.test", "/piped"));
+    let mut child = cmd.spawn().expect("start the crawl binary");
+    // The reader goes away before the crawl prints anything.
+    drop(child.stdout.take());
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the crawl did not finish")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}\n{stderr}", output.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(upstream.recorder().all().len(), 1, "the crawl did not run");
+}
+
+/// Before: `--resolve` names were only lowercased, so a name differing
+/// from the URL's in a final dot or in its Unicode/punycode form was
+/// looked up in DNS instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_names_match_urls_in_any_spelling() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let mut args = resolve(
+        &upstream,
+        &["A.TEST.", "b.test", "bücher.test", "XN--MNCHEN-3YA.test"],
+    );
+    args.extend(["--timeout".into(), "5s".into()]);
+    args.push(upstream.url("a.test", "/plain"));
+    args.push(upstream.url("a.test.", "/dot"));
+    args.push(upstream.url("b.test.", "/dot"));
+    args.push(upstream.url("xn--bcher-kva.test", "/punycode"));
+    args.push(upstream.url("münchen.test", "/unicode"));
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    assert_eq!(ran.report.len(), 5, "{:?}", ran.report);
+    for line in &ran.report {
+        assert_eq!(line["status"], 200, "{line}");
+    }
+    let mut seen: Vec<(String, String)> = upstream
+        .recorder()
+        .all()
+        .into_iter()
+        .map(|r| (r.host, r.path))
+        .collect();
+    seen.sort();
+    let expect = [
+        ("a.test", "/plain"),
+        ("a.test.", "/dot"),
+        ("b.test.", "/dot"),
+        ("xn--bcher-kva.test", "/punycode"),
+        ("xn--mnchen-3ya.test", "/unicode"),
+    ]
+    .map(|(h, p)| (h.to_owned(), p.to_owned()));
+    assert_eq!(seen, expect);
+}
+
+/// Before: `--concurrency 0` was accepted, and so were the Redis-only
+/// settings without `--redis` (and then ignored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meaningless_flags_exit_2_naming_what_is_wrong() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let cases = [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--cluster-concurrency", "2"], "--redis"),
+        (["--lease-ttl", "5s"], "--redis"),
+        (["--scope", "x"], "--redis"),
+        (["--fallback", "full"], "--redis"),
+    ];
+    for (flag, named) in cases {
+        let mut args = resolve(&upstream, &["a.test"]);
+        args.extend(flag.map(String::from));
+        args.push(upstream.url("a.test", "/never"));
+        let ran = run(dir.path(), &args).await;
+        assert_eq!(ran.status.code(), Some(2), "{flag:?}: {}", ran.stderr);
+        // The message itself, not the usage line that follows it.
+        let message = ran.stderr.split("Usage:").next().unwrap_or_default();
+        assert!(message.contains(named), "{flag:?}: {}", ran.stderr);
+    }
+    assert!(upstream.recorder().all().is_empty());
+}
+
+/// Before: the report showed URLs as given, password and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_urls_are_redacted() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let mut args = resolve(&upstream, &["a.test"]);
+    args.push(upstream.url("user:secret@a.test", "/private"));
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    let line = line(&ran, "/private");
+    let url = line["url"].as_str().unwrap();
+    assert!(
+        !url.contains("secret") && !url.contains("user:") && url.contains("redacted@"),
+        "{line}"
+    );
+    assert_eq!(line["status"], 200, "{line}");
+    for text in [&ran.stdout, &ran.stderr] {
+        assert!(!text.contains("secret"), "{text}");
+    }
+    let seen = upstream.recorder().all();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        (seen[0].host.as_str(), seen[0].path.as_str()),
+        ("a.test", "/private")
+    );
+}
+
+/// Before: there was no `--default-penalty`; a 503 without `Retry-After`
+/// held nothing back. The run without the flag shows it makes the
+/// difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_penalty_holds_a_host_after_a_bare_503() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let with_flag = ["--default-penalty", "1s"];
+    let mut gaps = Vec::new();
+    for (host, extra) in [("a.test", &with_flag[..]), ("b.test", &[][..])] {
+        let mut args = resolve(&upstream, &[host]);
+        args.extend(["--min-delay", "50ms"].map(String::from));
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args.push(upstream.url(host, "/status?code=503"));
+        args.push(upstream.url(host, "/next"));
+        let ran = run(dir.path(), &args).await;
+        assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+        let hold = &line(&ran, "/status?code=503")["hold_ms"];
+        assert_eq!(
+            *hold,
+            if extra.is_empty() {
+                Value::Null
+            } else {
+                1000.into()
+            }
+        );
+        gaps.push(second_after_first(&upstream, host));
+    }
+    let (held, paced) = (gaps[0], gaps[1]);
+    assert!(held >= 1000 * MS, "with --default-penalty 1s: {held:?}");
+    assert!(
+        paced + SLACK >= 50 * MS && paced < 500 * MS,
+        "without it, at --min-delay 50ms: {paced:?}"
+    );
+}
+
+/// Before: the report said only `error sending request for url (...)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_error_names_its_root_cause() {
+    let _turn = crate::one_at_a_time().await;
+    let dir = tempdir();
+    let closed = {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let ran = run(
+        dir.path(),
+        [
+            "--resolve".to_owned(),
+            "a.test:127.0.0.1".to_owned(),
+            format!("http://a.test:{closed}/closed"),
+        ],
+    )
+    .await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    let line = line(&ran, "/closed");
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("error sending request") && error.contains("Connection refused"),
+        "{line}"
+    );
+}
+
+/// Before: progress was shown only as a bar on a terminal; piped to a log,
+/// a long crawl said nothing until its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_lines_are_logged_when_stderr_is_not_a_terminal() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let mut args = resolve(&upstream, &["a.test"]);
+    args.extend(["--min-delay", "100ms", "--progress-every", "200ms"].map(String::from));
+    args.extend((0..10).map(|i| upstream.url("a.test", &format!("/p?i={i}"))));
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    let progress = ran
+        .stderr
+        .lines()
+        .filter(|l| {
+            l.contains("progress:") && l.contains("done") && l.contains("pacing in-process")
+        })
+        .count();
+    assert!(progress >= 2, "{progress} progress lines:\n{}", ran.stderr);
+    assert_eq!(upstream.recorder().all().len(), 10);
+}
