@@ -308,6 +308,9 @@ async fn credentials_in_urls_are_redacted() {
         "{line}"
     );
     assert_eq!(line["status"], 200, "{line}");
+    // Not redirected: no final URL, although reqwest reports the URL
+    // without its credentials.
+    assert!(line["final_url"].is_null(), "{line}");
     for text in [&ran.stdout, &ran.stderr] {
         assert!(!text.contains("secret"), "{text}");
     }

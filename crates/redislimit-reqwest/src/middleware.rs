@@ -227,7 +227,7 @@ impl PacingMiddleware {
             _ => host,
         };
         if let Some(hold) = self.options.penalty(response.status(), response.headers()) {
-            tracing::info!(host = %answered, status = %response.status(), hold_ms = hold.as_millis() as u64, "upstream asked to back off");
+            tracing::info!(host = %answered, status = %response.status(), hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX), "upstream asked to back off");
             // Failures are reported by the limiter's hooks; the response
             // itself is still good.
             let _ = self.limiter.penalize_host(answered, hold).await;

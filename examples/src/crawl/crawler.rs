@@ -535,7 +535,12 @@ impl Crawler {
             }
         };
         let status = response.status();
-        let final_url = (response.url() != &url).then(|| redact(response.url()));
+        // Only a redirect moves it (reqwest drops credentials from the URL
+        // it reports, which is no move).
+        let final_url = extensions
+            .get::<Redirects>()
+            .is_some()
+            .then(|| redact(response.url()));
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let asked = match retry_after {
             Some(d) => Some(d),

@@ -137,7 +137,7 @@ where
                     else {
                         return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, permit))));
                     };
-                    tracing::info!(host = %host, status = %response.status(), hold_ms = hold.as_millis() as u64, "upstream asked to back off");
+                    tracing::info!(host = %host, status = %response.status(), hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX), "upstream asked to back off");
                     let limiter = Arc::clone(&settings.limiter);
                     let key = host.clone();
                     let penalize: BoxFuture<'static, ()> = Box::pin(async move {
