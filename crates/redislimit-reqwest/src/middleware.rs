@@ -149,7 +149,7 @@ impl Middleware for PacingMiddleware {
         loop {
             // Kept to build the next hop from; `None` when the body is a
             // stream that cannot be sent twice.
-            let retained = (self.max_redirects > 0).then(|| req.try_clone());
+            let retained = (self.max_redirects > 0).then(|| Retained::of(&req));
             let url = req.url().clone();
             let (response, permit) = self.send_one(req, extensions, next.clone()).await?;
             let Some(location) = self.redirect_target(&response, &url) else {
@@ -159,10 +159,12 @@ impl Middleware for PacingMiddleware {
                 return Ok(hold_until_read(response, permit));
             };
             let status = response.status();
-            let Some(next_req) = next_hop(retained.flatten(), status, &url, &location) else {
+            let Some(next_req) = retained.and_then(|r| next_hop(r, status, &url, &location)) else {
                 // A 307/308 whose body cannot be sent again ends here, as
                 // with reqwest's own policy: the caller gets the redirect.
-                extensions.insert(Redirects(followed));
+                if !followed.is_empty() {
+                    extensions.insert(Redirects(followed));
+                }
                 return Ok(hold_until_read(response, permit));
             };
             // The hop is over: its permit goes back as its body is dropped.
@@ -247,6 +249,33 @@ impl PacingMiddleware {
     }
 }
 
+/// What is kept of a request to build its next hop from.
+enum Retained {
+    /// All of it.
+    Whole(Request),
+    /// All but a body that cannot be sent twice (a stream).
+    Head {
+        method: Method,
+        headers: http::HeaderMap,
+        version: http::Version,
+        timeout: Option<std::time::Duration>,
+    },
+}
+
+impl Retained {
+    fn of(req: &Request) -> Self {
+        match req.try_clone() {
+            Some(whole) => Self::Whole(whole),
+            None => Self::Head {
+                method: req.method().clone(),
+                headers: req.headers().clone(),
+                version: req.version(),
+                timeout: req.timeout().copied(),
+            },
+        }
+    }
+}
+
 /// The statuses followed, as by reqwest's default policy.
 fn is_redirect(status: StatusCode) -> bool {
     matches!(
@@ -264,13 +293,28 @@ fn is_redirect(status: StatusCode) -> bool {
 /// (`HEAD` stays), 307/308 keep method and body; credentials and cookies
 /// are dropped when the origin changes. `None` when a 307/308 body could
 /// not be kept.
-fn next_hop(
-    retained: Option<Request>,
-    status: StatusCode,
-    from: &Url,
-    to: &Url,
-) -> Option<Request> {
-    let mut req = retained?;
+fn next_hop(retained: Retained, status: StatusCode, from: &Url, to: &Url) -> Option<Request> {
+    let mut req = match retained {
+        Retained::Whole(req) => req,
+        // Without its body, only a hop that drops the body can be made.
+        Retained::Head {
+            method,
+            headers,
+            version,
+            timeout,
+        } if matches!(
+            status,
+            StatusCode::MOVED_PERMANENTLY | StatusCode::FOUND | StatusCode::SEE_OTHER
+        ) =>
+        {
+            let mut req = Request::new(method, to.clone());
+            *req.headers_mut() = headers;
+            *req.version_mut() = version;
+            *req.timeout_mut() = timeout;
+            req
+        }
+        Retained::Head { .. } => return None,
+    };
     *req.url_mut() = to.clone();
     if matches!(
         status,
@@ -336,7 +380,7 @@ mod tests {
         let (from, to): (Url, Url) = (from.parse().unwrap(), to.parse().unwrap());
         let sent = post(from.as_str());
         next_hop(
-            sent.try_clone(),
+            Retained::of(&sent),
             StatusCode::from_u16(status).unwrap(),
             &from,
             &to,
@@ -379,11 +423,22 @@ mod tests {
     }
 
     #[test]
-    fn a_body_that_cannot_be_sent_again_ends_a_307() {
+    fn a_body_that_cannot_be_sent_again_ends_a_307_but_not_a_303() {
         let (from, to): (Url, Url) = (
             "http://a.test/".parse().unwrap(),
             "http://a.test/b".parse().unwrap(),
         );
-        assert!(next_hop(None, StatusCode::TEMPORARY_REDIRECT, &from, &to).is_none());
+        let streamed = || {
+            let mut req = post(from.as_str());
+            // A body of its own type: reqwest cannot send it twice.
+            *req.body_mut() = Some(reqwest::Body::wrap(String::from("form")));
+            assert!(req.try_clone().is_none());
+            Retained::of(&req)
+        };
+        assert!(next_hop(streamed(), StatusCode::TEMPORARY_REDIRECT, &from, &to).is_none());
+        let req = next_hop(streamed(), StatusCode::SEE_OTHER, &from, &to).unwrap();
+        assert_eq!(req.method(), Method::GET);
+        assert!(req.body().is_none());
+        assert!(req.headers().get("x-kept").is_some());
     }
 }

@@ -367,6 +367,17 @@ impl Shares {
         None
     }
 
+    /// The primary failed again after it had answered: the outage goes
+    /// on, and its grace waits for the next answer.
+    fn failed(&self) {
+        if self.active.load(Ordering::Acquire) {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(share) = &mut *current {
+                share.ended = None;
+            }
+        }
+    }
+
     /// The primary admitted a request: if an outage was under way, its
     /// grace starts now.
     fn answered(&self) {
@@ -694,12 +705,15 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                     return Ok(joint(host, waited, [share, Some(shared), local]));
                 }
                 Err(err) if err.is_unavailable() => err,
-                Err(Error::WaitBudget { .. })
-                    if turn_ends.is_some_and(|ends| deadline.is_none_or(|d| ends < d)) =>
+                Err(Error::WaitBudget { wait, .. })
+                    if turn_ends.is_some_and(|ends| {
+                        deadline.is_none_or(|d| ends < d && after(Instant::now(), wait) <= d)
+                    }) =>
                 {
-                    // The primary answered, but not within this turn
-                    // (the caller's budget is not spent): the next turn.
-                    self.shares.answered();
+                    // Not admitted within this turn, and the caller's
+                    // budget allows the wait: the next turn. (The call may
+                    // have been cut short without an answer: this says
+                    // nothing about whether the outage is over.)
                     continue;
                 }
                 Err(err) => return Err(report.fail(err)),
@@ -715,8 +729,10 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             if let Some(((n, index), turn)) = turn
                 && plan == (Plan::Share { n, index })
             {
-                // The outage goes on and the turn is taken: the send
+                // The outage goes on (its grace starts again when the
+                // primary next answers) and the turn is taken: the send
                 // keeps this process's own gap as it leaves.
+                self.shares.failed();
                 let mut local = local.take();
                 if let Some(local) = &mut local {
                     leave(local).await;

@@ -68,7 +68,7 @@ impl PaceOptions {
             (Some(own), Some(max)) => Some(own.min(max)),
             (own, max) => own.or(max),
         };
-        budget.map(|b| Instant::now() + b)
+        budget.map(|b| crate::pacing::after(Instant::now(), b))
     }
 
     /// How long a response asks its host to be left alone: see
@@ -103,6 +103,12 @@ mod tests {
         own.insert(MaxWait(s(1)));
         assert_eq!(capped.deadline(&own, None), Some(now + s(1)));
         assert_eq!(none.deadline(&own, None), Some(now + s(1)));
+        // A huge budget is far away, not a panic.
+        own.insert(MaxWait(Duration::MAX));
+        assert!(
+            none.deadline(&own, None)
+                .is_some_and(|d| d > now + s(86_400))
+        );
     }
 
     #[test]

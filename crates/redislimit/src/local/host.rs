@@ -60,6 +60,8 @@ pub(crate) struct Unsent {
     last_sent: Option<Instant>,
     sent_gap_until: Instant,
     ready_at: Instant,
+    /// A quota record the send pushed out of the `quota` newest.
+    dropped: Option<Instant>,
 }
 
 impl HostState {
@@ -157,6 +159,18 @@ impl HostState {
         let recorded_at = admission.sent.as_ref().map_or(admission.at, |(at, ..)| *at);
         if let Some(i) = self.admissions.iter().rposition(|&t| t == recorded_at) {
             self.admissions.remove(i);
+            // What the send pushed out counts again.
+            if let Some((
+                _,
+                _,
+                Unsent {
+                    dropped: Some(t), ..
+                },
+            )) = &admission.sent
+            {
+                let pos = self.admissions.partition_point(|&x| x <= *t);
+                self.admissions.insert(pos, *t);
+            }
         }
         match &admission.sent {
             Some((_, epoch, before)) if self.epoch == *epoch => {
@@ -200,6 +214,7 @@ impl HostState {
             last_sent: self.last_sent,
             sent_gap_until: self.sent_gap_until,
             ready_at,
+            dropped: None,
         };
         self.epoch = self.epoch.wrapping_add(1);
         admission.sent = Some((at, self.epoch, before));
@@ -215,9 +230,13 @@ impl HostState {
         }
         let pos = self.admissions.partition_point(|&t| t <= at);
         self.admissions.insert(pos, at);
-        // The `quota` newest admissions decide; older ones no longer matter.
+        // The `quota` newest admissions decide; older ones no longer matter
+        // (unless this send is taken back: the one dropped is kept).
         while self.admissions.len() > quota {
-            self.admissions.pop_front();
+            let dropped = self.admissions.pop_front();
+            if let Some((_, _, before)) = &mut admission.sent {
+                before.dropped = before.dropped.or(dropped);
+            }
         }
         Ok(())
     }
@@ -344,6 +363,25 @@ mod tests {
         // Another admission may not leave within min_delay of that send.
         assert_eq!(s.try_send(&mut b, t0 + 550 * MS, &p), Err(t0 + 600 * MS));
         assert_eq!(s.try_send(&mut b, t0 + 600 * MS, &p), Ok(()));
+    }
+
+    #[test]
+    fn taking_back_a_late_send_keeps_the_quota_record_it_pushed_out() {
+        let t0 = Instant::now();
+        let p = pacing(4, 0, 2, 1000);
+        let mut s = HostState::new(t0);
+        // A waits 1.5 s elsewhere; B and C are admitted meanwhile (A's own
+        // record has left the window by then).
+        let mut a = s.admit(t0, &p);
+        s.admit(t0 + 1200 * MS, &p);
+        s.admit(t0 + 1300 * MS, &p);
+        assert_eq!(s.try_send(&mut a, t0 + 1500 * MS, &p), Ok(()));
+        s.undo(&a);
+        // B and C still fill the quota until B leaves the window.
+        assert_eq!(
+            s.decide(t0 + 1600 * MS, &p),
+            Decision::WaitUntil(t0 + 2200 * MS)
+        );
     }
 
     #[test]

@@ -167,6 +167,8 @@ pub(super) struct Shared {
     /// Releases spawned and not yet answered, and a wake-up when one is.
     pub(super) releases: AtomicUsize,
     pub(super) released: Notify,
+    /// Acquires under way (see [`Busy`]).
+    pub(super) acquiring: AtomicUsize,
     /// Set by [`Limiter::close`]; `closing` wakes the acquires under way.
     pub(super) closed: AtomicBool,
     pub(super) closing: Notify,
@@ -332,6 +334,7 @@ impl RedisLimiterBuilder {
                 pollers: DomainLimiter::new(Pacing::default()),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
+                acquiring: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 closing: Notify::new(),
                 circuit: Circuit::new(),
@@ -507,6 +510,9 @@ impl Limiter for RedisLimiter {
         };
         Box::pin(async move {
             let shared = &self.shared;
+            // Counted until the inner acquire (and the booking it may
+            // leave behind) is gone: `close` waits for it.
+            let _busy = Busy::new(shared);
             // Listening before the flag is read: a close in between still
             // wakes this acquire.
             let closing = shared.closing.notified();
@@ -515,11 +521,19 @@ impl Limiter for RedisLimiter {
             if shared.closed.load(Ordering::SeqCst) {
                 return Err(Error::Closed);
             }
-            tokio::select! {
+            let acquired = tokio::select! {
                 biased;
                 acquired = shared.acquire(hooks, engine, host, deadline) => acquired,
                 // The acquire is dropped, as a cancelled one: it books nothing.
                 () = closing => Err(Error::Closed),
+            };
+            match acquired {
+                // Admitted as the limiter closed: given back unsent.
+                Ok(permit) if shared.closed.load(Ordering::SeqCst) => {
+                    permit.abandon();
+                    Err(Error::Closed)
+                }
+                acquired => acquired,
             }
         })
     }
@@ -712,6 +726,12 @@ impl Shared {
         }
     }
 
+    /// Releases on their way to Redis, and acquires still winding down
+    /// (which may leave one behind).
+    fn pending(&self) -> usize {
+        self.releases.load(Ordering::Acquire) + self.acquiring.load(Ordering::Acquire)
+    }
+
     /// See [`Limiter::close`].
     async fn close(&self, deadline: Option<Instant>) -> Result<(), Error> {
         self.closed.store(true, Ordering::SeqCst);
@@ -724,7 +744,7 @@ impl Shared {
             let landed = self.released.notified();
             tokio::pin!(landed);
             landed.as_mut().enable();
-            let pending = self.releases.load(Ordering::Acquire);
+            let pending = self.pending();
             if pending == 0 {
                 return Ok(());
             }
@@ -733,7 +753,7 @@ impl Shared {
                 continue;
             };
             if tokio::time::timeout_at(deadline, landed).await.is_err() {
-                let pending = self.releases.load(Ordering::Acquire);
+                let pending = self.pending();
                 if pending == 0 {
                     return Ok(());
                 }
@@ -956,6 +976,24 @@ impl Slot {
                 .take(),
         );
         pending.send(&self.runtime, &self.keys, &self.token, abandoned);
+    }
+}
+
+/// An acquire under way, counted so that [`Shared::close`] waits for it
+/// to wind down (a cancelled one may still send a release).
+struct Busy<'a>(&'a Shared);
+
+impl<'a> Busy<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.acquiring.fetch_add(1, Ordering::AcqRel);
+        Self(shared)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.acquiring.fetch_sub(1, Ordering::AcqRel);
+        self.0.released.notify_waiters();
     }
 }
 
