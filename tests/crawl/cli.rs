@@ -408,3 +408,30 @@ async fn progress_lines_are_logged_when_stderr_is_not_a_terminal() {
     assert!(progress >= 2, "{progress} progress lines:\n{}", ran.stderr);
     assert_eq!(upstream.recorder().all().len(), 10);
 }
+
+/// Before: `--redis rediss://...` failed with "TLS feature not enabled".
+/// Two crawls share one pace through a TLS-only Redis whose certificate a
+/// CA made for this test issued (`--redis-ca`); the upstream sees them
+/// keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_pace_through_redis_over_tls() {
+    let _turn = crate::one_at_a_time().await;
+    let server = redislimit_tests::RedisServer::start_tls();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, server.tls().expect("a TLS server").ca_pem()).unwrap();
+    let url = server.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let ca = ca.to_string_lossy().into_owned();
+    let args = ["--redis", &url, "--redis-ca", &ca, "--min-delay", "30ms"];
+    // Bodies take 60 ms, longer than the gap: only the shared
+    // serialization keeps the replicas from overlapping.
+    let list = crate::urls(&upstream, &["a.test"], 12, "/slow?chunks=2&every=30");
+    let replicas = crate::spawn_all(dir.path(), &upstream, &list, 2, &args);
+    crate::finish(replicas).await;
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(seen.len(), 12);
+    assert!(seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1));
+    redislimit_tests::record::assert_serialized(&seen, 30 * MS);
+}
