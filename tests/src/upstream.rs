@@ -105,6 +105,14 @@ impl Upstream {
         self.url(host, &format!("/redirect?code={code}&to={to}"))
     }
 
+    /// A URL on `host` answering `200` with the response headers `set`.
+    pub fn headers_url(&self, host: &str, set: &[(&str, &str)]) -> String {
+        let query: String = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(set.iter().map(|(n, v)| ("set", format!("{n}:{v}"))))
+            .finish();
+        self.url(host, &format!("/headers?{query}"))
+    }
+
     /// The recorder of every request served.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
@@ -160,6 +168,30 @@ fn answer(req: http::Request<Incoming>, recorder: Arc<Recorder>) -> Response<Rec
                         header::RETRY_AFTER,
                         httpdate::fmt_http_date(now + Duration::from_secs(secs)),
                     );
+            }
+            Chunks::new(1, Duration::ZERO)
+        }
+        "/headers" => {
+            // `/headers?set=<percent-encoded NAME:VALUE>&set=...`: a 200
+            // with those response headers (a `code=N` changes the status).
+            let pairs: Vec<(String, String)> = req
+                .uri()
+                .query()
+                .map(|q| {
+                    url::form_urlencoded::parse(q.as_bytes())
+                        .filter(|(k, _)| k == "set")
+                        .filter_map(|(_, v)| {
+                            let (name, value) = v.split_once(':')?;
+                            Some((name.to_owned(), value.to_owned()))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(code) = number("code").and_then(|c| StatusCode::from_u16(c as u16).ok()) {
+                response = response.status(code);
+            }
+            for (name, value) in pairs {
+                response = response.header(name, value);
             }
             Chunks::new(1, Duration::ZERO)
         }

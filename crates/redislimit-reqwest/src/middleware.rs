@@ -31,6 +31,9 @@ use crate::error::{NotSent, RedirectError, redirect_error, to_middleware};
 /// 3. sends it, and on `429` or `503` penalizes the host for its
 ///    `Retry-After` (both forms, capped by the limiter's maximum penalty), or
 ///    for [`with_default_penalty`](Self::with_default_penalty) without one;
+///    whatever the status, a `RateLimit` field or `X-RateLimit-*` headers
+///    saying the budget is spent hold the host until their reset
+///    ([`with_rate_limit_headers`](Self::with_rate_limit_headers));
 /// 4. follows a redirect (`301`, `302`, `303`, `307`, `308` with a
 ///    `Location`) as a new request to its own host, from step 1: every hop
 ///    is paced, and penalized, where it goes;
@@ -117,6 +120,14 @@ impl PacingMiddleware {
     /// The penalty for a `429` or `503` that carries no usable `Retry-After`.
     pub fn with_default_penalty(mut self, penalty: Duration) -> Self {
         self.options = self.options.with_default_penalty(penalty);
+        self
+    }
+
+    /// Whether a response whose `RateLimit` field or `X-RateLimit-*`
+    /// headers say the budget is spent holds its host until the reset (on
+    /// by default; see [`rate_limit_hold`](redislimit::http::rate_limit_hold)).
+    pub fn with_rate_limit_headers(mut self, read: bool) -> Self {
+        self.options = self.options.with_rate_limit_headers(read);
         self
     }
 

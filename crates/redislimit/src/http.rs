@@ -1,15 +1,18 @@
 //! HTTP helpers shared by the middleware crates (feature `http`): the body
-//! that holds a permit until the response is read, `Retry-After` handling,
-//! and the per-request engine label.
+//! that holds a permit until the response is read, what a response asks
+//! for (`Retry-After`, the `RateLimit` field and vendor `X-RateLimit-*`
+//! headers), and the per-request engine label and wait budget.
 
 mod body;
 mod options;
+mod rate_limit;
 mod retry_after;
 
 use std::borrow::Cow;
 
 pub use self::body::PermitBody;
 pub use self::options::PaceOptions;
+pub use self::rate_limit::rate_limit_hold;
 pub use self::retry_after::{penalty, retry_after};
 
 /// A request extension naming the engine (the caller label in hooks and

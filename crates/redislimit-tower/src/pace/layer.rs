@@ -68,6 +68,13 @@ impl PaceLayer {
     pub fn with_default_penalty(self, penalty: Duration) -> Self {
         self.with(|o| o.with_default_penalty(penalty))
     }
+
+    /// Whether a response whose `RateLimit` field or `X-RateLimit-*`
+    /// headers say the budget is spent holds its host until the reset (on
+    /// by default; see [`rate_limit_hold`](redislimit::http::rate_limit_hold)).
+    pub fn with_rate_limit_headers(self, read: bool) -> Self {
+        self.with(|o| o.with_rate_limit_headers(read))
+    }
 }
 
 impl fmt::Debug for PaceLayer {

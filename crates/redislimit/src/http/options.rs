@@ -7,7 +7,8 @@ use std::time::Duration;
 use http::{Extensions, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use super::{Engine, MaxWait, penalty};
+use super::retry_after::penalty_from;
+use super::{Engine, MaxWait};
 
 /// The per-request choices of a pacing middleware: which engine label a
 /// request waits under, how long it may wait, and what a `429`/`503`
@@ -17,15 +18,18 @@ pub struct PaceOptions {
     engine: Engine,
     max_wait: Option<Duration>,
     default_penalty: Option<Duration>,
+    rate_limit_headers: bool,
 }
 
 impl Default for PaceOptions {
-    /// Engine `default`, no maximum wait, no default penalty.
+    /// Engine `default`, no maximum wait, no default penalty, rate limit
+    /// headers read.
     fn default() -> Self {
         Self {
             engine: Engine::new("default"),
             max_wait: None,
             default_penalty: None,
+            rate_limit_headers: true,
         }
     }
 }
@@ -71,10 +75,25 @@ impl PaceOptions {
         budget.map(|b| crate::pacing::after(Instant::now(), b))
     }
 
+    /// Whether the `RateLimit` field and vendor `X-RateLimit-*` headers
+    /// hold a host whose budget they say is spent (on by default; see
+    /// [`rate_limit_hold`](super::rate_limit_hold)). `Retry-After` is read
+    /// either way.
+    pub fn with_rate_limit_headers(mut self, read: bool) -> Self {
+        self.rate_limit_headers = read;
+        self
+    }
+
     /// How long a response asks its host to be left alone: see
-    /// [`penalty`](super::penalty), with this default.
+    /// [`penalty`](super::penalty), with this default, reading the rate
+    /// limit headers unless switched off.
     pub fn penalty(&self, status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
-        penalty(status, headers, self.default_penalty)
+        penalty_from(
+            status,
+            headers,
+            self.default_penalty,
+            self.rate_limit_headers,
+        )
     }
 }
 

@@ -45,19 +45,38 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     at.duration_since(reference).ok().filter(|d| !d.is_zero())
 }
 
-/// The penalty a response asks for: for `429 Too Many Requests` and
-/// `503 Service Unavailable`, its [`retry_after`] delay, or `default` when
-/// it has none; for any other status, nothing.
+/// The penalty a response asks for. For `429 Too Many Requests` and
+/// `503 Service Unavailable`: its [`retry_after`] delay, which takes
+/// precedence; else the hold its rate limit headers ask for
+/// ([`rate_limit_hold`](super::rate_limit_hold)); else `default`. For any
+/// other status: the rate limit headers' hold (a `200` may say the budget
+/// is spent), or nothing.
 pub fn penalty(
     status: StatusCode,
     headers: &HeaderMap,
     default: Option<Duration>,
 ) -> Option<Duration> {
+    penalty_from(status, headers, default, true)
+}
+
+/// [`penalty`], reading the rate limit headers only when `rate_limits`.
+pub(crate) fn penalty_from(
+    status: StatusCode,
+    headers: &HeaderMap,
+    default: Option<Duration>,
+    rate_limits: bool,
+) -> Option<Duration> {
+    let now = SystemTime::now();
+    let budget = || {
+        rate_limits
+            .then(|| super::rate_limit_hold(headers, now))
+            .flatten()
+    };
     match status {
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
-            retry_after(headers, SystemTime::now()).or(default)
+            retry_after(headers, now).or_else(budget).or(default)
         }
-        _ => None,
+        _ => budget(),
     }
 }
 
