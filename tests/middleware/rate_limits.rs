@@ -135,3 +135,30 @@ async fn retry_after_takes_precedence_over_the_ratelimit_field() {
         "the RateLimit reset won: {next:?}"
     );
 }
+
+/// The tower layer reads the same signals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tower_layer_holds_a_host_whose_budget_is_spent() {
+    use tower::ServiceBuilder;
+    let upstream = Upstream::start().await;
+    let layer = redislimit_tower::PaceLayer::new(domain_limiter(|p| p.max_concurrent(2)));
+    let mut client = ServiceBuilder::new()
+        .layer(layer)
+        .service(crate::tower_client::hyper_client(&upstream));
+    let spent = upstream.headers_url("t.test", &[("ratelimit", r#""default";r=0;t=1"#)]);
+    let status = bounded(10, crate::tower_client::get(&mut client, &spent))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let next = upstream.url("t.test", "/?next");
+    bounded(10, crate::tower_client::get(&mut client, &next))
+        .await
+        .unwrap();
+    let seen = upstream.recorder().host("t.test");
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen[1].send - seen[0].send >= Duration::from_secs(1),
+        "t.test was not held: {:?}",
+        seen[1].send - seen[0].send
+    );
+}
