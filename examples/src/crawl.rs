@@ -9,6 +9,7 @@
 mod args;
 mod crawler;
 mod input;
+mod robots;
 mod stop;
 mod summary;
 

@@ -8,6 +8,7 @@ mod cli;
 mod faults;
 mod lifecycle;
 mod modes;
+mod robots;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -105,8 +106,8 @@ pub(crate) async fn finish(replicas: Vec<Replica>) -> Vec<serde_json::Value> {
         let mut ended: BTreeMap<String, usize> = BTreeMap::new();
         for line in &lines {
             assert!(
-                line["status"].is_u64() || line["error"].is_string(),
-                "a URL ended with neither a status nor an error: {line}"
+                line["status"].is_u64() || line["error"].is_string() || line["skipped"].is_string(),
+                "a URL ended with neither a status, an error nor a reason to skip it: {line}"
             );
             *ended
                 .entry(line["url"].as_str().unwrap().to_owned())

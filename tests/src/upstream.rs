@@ -1,11 +1,12 @@
 //! [`Upstream`]: a recording HTTP/1.1 server on loopback, for checking pacing
 //! where it matters: at the server.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -37,6 +38,7 @@ use crate::record::{Recorder, Request};
 ///   as a server with a wrong clock would send;
 /// - `/redirect?code=C&to=URL`: status `C` (a 3xx) with `Location: URL`
 ///   (percent-encoded in the query; see [`Upstream::redirect_url`]);
+/// - `/robots.txt`: what [`Upstream::set_robots`] set for the host, else `404`;
 /// - anything else: `200 ok`.
 ///
 /// Stops when dropped.
@@ -45,8 +47,12 @@ pub struct Upstream {
     addr: SocketAddr,
     recorder: Arc<Recorder>,
     arrivals: Arc<AtomicUsize>,
+    robots: Robots,
     server: JoinHandle<()>,
 }
+
+/// The `/robots.txt` answer per host: status and body.
+type Robots = Arc<Mutex<HashMap<String, (u16, String)>>>;
 
 impl Upstream {
     /// Starts the server on the current Tokio runtime.
@@ -57,18 +63,24 @@ impl Upstream {
         let addr = listener.local_addr().expect("local address");
         let recorder = Arc::new(Recorder::new());
         let arrivals = Arc::new(AtomicUsize::new(0));
-        let (rec, arrived) = (Arc::clone(&recorder), Arc::clone(&arrivals));
+        let robots = Robots::default();
+        let (rec, arrived, robots_) = (
+            Arc::clone(&recorder),
+            Arc::clone(&arrivals),
+            Arc::clone(&robots),
+        );
         let server = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (rec, arrived) = (Arc::clone(&rec), Arc::clone(&arrived));
+                let (rec, arrived, robots) =
+                    (Arc::clone(&rec), Arc::clone(&arrived), Arc::clone(&robots_));
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
                         arrived.fetch_add(1, Ordering::SeqCst);
-                        let rec = Arc::clone(&rec);
-                        async move { Ok::<_, Infallible>(answer(req, rec)) }
+                        let (rec, robots) = (Arc::clone(&rec), Arc::clone(&robots));
+                        async move { Ok::<_, Infallible>(answer(req, rec, &robots)) }
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -80,8 +92,17 @@ impl Upstream {
             addr,
             recorder,
             arrivals,
+            robots,
             server,
         }
+    }
+
+    /// What `/robots.txt` on `host` answers from now on (by default `404`).
+    pub fn set_robots(&self, host: &str, status: u16, body: &str) {
+        self.robots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(host.to_owned(), (status, body.to_owned()));
     }
 
     /// Requests that have arrived so far, finished or not.
@@ -132,7 +153,11 @@ fn query(req: &http::Request<Incoming>, key: &str) -> Option<String> {
     })
 }
 
-fn answer(req: http::Request<Incoming>, recorder: Arc<Recorder>) -> Response<Recorded> {
+fn answer(
+    req: http::Request<Incoming>,
+    recorder: Arc<Recorder>,
+    robots: &Robots,
+) -> Response<Recorded> {
     let arrived = Instant::now();
     let host = req
         .headers()
@@ -170,6 +195,17 @@ fn answer(req: http::Request<Incoming>, recorder: Arc<Recorder>) -> Response<Rec
                     );
             }
             Chunks::new(1, Duration::ZERO)
+        }
+        "/robots.txt" => {
+            let set = robots
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&host)
+                .cloned();
+            let (status, body) = set.unwrap_or((404, String::new()));
+            response =
+                response.status(StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND));
+            Chunks::with_body(Bytes::from(body))
         }
         "/headers" => {
             // `/headers?set=<percent-encoded NAME:VALUE>&set=...`: a 200
@@ -297,6 +333,8 @@ struct Chunks {
     left: u64,
     every: Duration,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A body of its own instead of `ok` chunks.
+    whole: Option<Bytes>,
 }
 
 impl Chunks {
@@ -305,10 +343,23 @@ impl Chunks {
             left,
             every,
             timer: None,
+            whole: None,
+        }
+    }
+
+    fn with_body(body: Bytes) -> Self {
+        Self {
+            left: 0,
+            every: Duration::ZERO,
+            timer: None,
+            whole: Some(body),
         }
     }
 
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if let Some(whole) = self.whole.take() {
+            return Poll::Ready(Some(whole));
+        }
         if self.left == 0 {
             return Poll::Ready(None);
         }

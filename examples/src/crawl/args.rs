@@ -117,6 +117,24 @@ pub struct Args {
     /// Write one JSON object per request to FILE.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// The `User-Agent` sent, and the agent robots.txt rules are read for.
+    #[arg(long, default_value = concat!("redislimit-crawl/", env!("CARGO_PKG_VERSION")))]
+    pub user_agent: String,
+    /// Fetch each host's /robots.txt (through the same pacing) before its
+    /// first URL; skip the URLs it disallows for `--user-agent` (reported
+    /// as skipped), and keep its `Crawl-delay` between requests when it is
+    /// longer than `--min-delay`. A 4xx allows everything; a 5xx or no
+    /// answer disallows the host (asked again twice, `--robots-retry`
+    /// apart), as RFC 9309 says.
+    #[arg(long)]
+    pub robots: bool,
+    /// The longest `Crawl-delay` kept.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", requires = "robots")]
+    pub max_crawl_delay: Duration,
+    /// How long to wait before asking again for a robots.txt that could
+    /// not be had.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", requires = "robots")]
+    pub robots_retry: Duration,
     /// The engine label reported to the limiter's hooks and logs.
     #[arg(long, default_value = "crawl")]
     pub engine: String,
@@ -382,6 +400,10 @@ fn print_summary(
         fetched.len(),
         elapsed.as_secs_f64()
     )?;
+    let skipped = fetched.iter().filter(|f| f.skipped.is_some()).count();
+    if skipped > 0 {
+        write!(out, "; {skipped} skipped (robots.txt)")?;
+    }
     if fetched.len() < total {
         write!(out, "; {} not started (stopped)", total - fetched.len())?;
     }

@@ -23,6 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use url::Url;
 
 use super::Args;
+use super::robots::{Rules, robots_url};
 use super::stop::{Stop, StopLevel};
 
 /// What happened to one URL; one line of the `--report` file.
@@ -54,6 +55,8 @@ pub struct Fetched {
     pub redirects: Vec<String>,
     /// The URL of the last response, when it differs from `url`.
     pub final_url: Option<String>,
+    /// Why it was not tried (robots.txt), when it was not; not an error.
+    pub skipped: Option<String>,
 }
 
 /// When the request left (its latest hop), stamped inside the pacing
@@ -125,6 +128,16 @@ impl Middleware for Stamp {
                 NotSent::new("every --concurrency slot is busy").into(),
             ));
         }
+        if let Some(delay) = extensions.get::<CrawlDelay>()
+            && HostKey::from_url(req.url()).is_ok_and(|h| h == delay.host)
+        {
+            // The next request to this host leaves no sooner than the
+            // delay after this one, on every replica (penalties are shared).
+            let _ = delay
+                .limiter
+                .penalize_host(delay.host.clone(), delay.delay)
+                .await;
+        }
         extensions.insert(SentAt(SystemTime::now(), Instant::now()));
         // The queue's budget is for the first hop only: a redirect's next
         // hop waits as long as `--max-wait` allows.
@@ -137,6 +150,28 @@ impl Middleware for Stamp {
         next.run(req, extensions).await
     }
 }
+
+/// A host's robots.txt `Crawl-delay`, applied by [`Stamp`] to its sends.
+#[derive(Clone)]
+struct CrawlDelay {
+    host: HostKey,
+    delay: Duration,
+    limiter: Arc<dyn Limiter>,
+}
+
+/// `--robots`: what the crawl asks robots.txt about.
+#[derive(Debug, Clone)]
+struct RobotsOptions {
+    agent: String,
+    max_crawl_delay: Duration,
+    retry: Duration,
+}
+
+/// How often a robots.txt that could not be had is asked for.
+const ROBOTS_ATTEMPTS: u32 = 3;
+
+/// The most of a robots.txt read (RFC 9309 asks for at least 500 KiB).
+const ROBOTS_MAX_BYTES: usize = 512 * 1024;
 
 /// How long a URL that holds a slot may wait for its host (it took the
 /// slot when its host was ready, so this is short unless something
@@ -160,6 +195,9 @@ pub struct Crawler {
     report_failed: Arc<AtomicBool>,
     stop: Stop,
     mode: ModeProbe,
+    limiter: Arc<dyn Limiter>,
+    min_delay: Duration,
+    robots: Option<RobotsOptions>,
 }
 
 impl std::fmt::Debug for Crawler {
@@ -247,6 +285,7 @@ impl Crawler {
         // The pacing middleware follows redirects, one paced hop at a time.
         let mut http = reqwest::Client::builder()
             .timeout(args.timeout)
+            .user_agent(args.user_agent.clone())
             .redirect(reqwest::redirect::Policy::none());
         for (host, ip) in &args.resolve {
             // Both spellings a URL may carry reach the same address.
@@ -265,7 +304,8 @@ impl Crawler {
             .default_headers(headers)
             .build()
             .context("cannot build the HTTP client")?;
-        let mut pacing = PacingMiddleware::from_arc(limiter).with_engine(args.engine.clone());
+        let mut pacing =
+            PacingMiddleware::from_arc(Arc::clone(&limiter)).with_engine(args.engine.clone());
         if let Some(max_wait) = args.max_wait {
             pacing = pacing.with_max_wait(max_wait);
         }
@@ -284,6 +324,13 @@ impl Crawler {
             report_failed: Arc::default(),
             stop: Stop::new(),
             mode: Arc::new(|| "in-process"),
+            limiter,
+            min_delay: args.min_delay,
+            robots: args.robots.then(|| RobotsOptions {
+                agent: args.user_agent.clone(),
+                max_crawl_delay: args.max_crawl_delay,
+                retry: args.robots_retry,
+            }),
         })
     }
 
@@ -391,7 +438,36 @@ impl Crawler {
         counters: Arc<Progress>,
     ) {
         let mut stop = self.stop.watch();
+        let mut crawl_delay = None;
+        let rules = match (&self.robots, queue.front()) {
+            (Some(robots), Some(first)) => {
+                let _waiting = Waiting::new(&counters);
+                let Some(rules) = self.robots_rules(robots, first, &slots, &mut stop).await else {
+                    return;
+                };
+                if let (Some(delay), Ok(key)) = (
+                    rules.crawl_delay(robots.max_crawl_delay),
+                    HostKey::from_url(first),
+                ) && delay > self.min_delay
+                {
+                    tracing::info!(host = %key, delay_ms = millis(delay), "robots.txt asks for a crawl delay");
+                    crawl_delay = Some(CrawlDelay {
+                        host: key,
+                        delay,
+                        limiter: Arc::clone(&self.limiter),
+                    });
+                }
+                Some(rules)
+            }
+            _ => None,
+        };
         'urls: while let Some(url) = queue.pop_front() {
+            if let Some(why) = rules.as_ref().and_then(|r| r.refusal(&url)) {
+                let mut fetched = self.fetched(&url, Instant::now(), None, None, None);
+                fetched.skipped = Some(why);
+                let _ = tx.send(fetched);
+                continue;
+            }
             let queued = Instant::now();
             let _waiting = Waiting::new(&counters);
             let mut slot: Option<OwnedSemaphorePermit> = None;
@@ -410,8 +486,9 @@ impl Crawler {
                 let (admitted_tx, admitted_rx) = oneshot::channel();
                 let this = self.clone();
                 let attempt_url = url.clone();
+                let delay = crawl_delay.clone();
                 let mut task = tokio::spawn(async move {
-                    this.attempt(attempt_url, queued, gate, probe, admitted_tx)
+                    this.attempt(attempt_url, queued, gate, probe, delay, admitted_tx)
                         .await
                 });
                 // Until it is admitted, a stop cancels the attempt (nothing
@@ -460,6 +537,83 @@ impl Crawler {
         }
     }
 
+    /// The robots.txt rules of `first`'s host, fetched through the pacing
+    /// client (a request to the host like any other); asked again after
+    /// `retry` when there is no answer or a 5xx, up to
+    /// [`ROBOTS_ATTEMPTS`] times. `None` when the crawl was stopped.
+    async fn robots_rules(
+        &self,
+        robots: &RobotsOptions,
+        first: &Url,
+        slots: &Arc<Semaphore>,
+        stop: &mut watch::Receiver<StopLevel>,
+    ) -> Option<Rules> {
+        let url = robots_url(first);
+        let mut why = String::new();
+        for attempt in 0..ROBOTS_ATTEMPTS {
+            if attempt > 0 && !sleep_or_stop(Instant::now() + robots.retry, stop).await {
+                return None;
+            }
+            let answer = tokio::select! {
+                answer = self.get_small(&url, slots) => answer,
+                () = stopped(stop, StopLevel::Graceful) => return None,
+            };
+            let answer = match &answer {
+                Ok((status, body)) => Ok((*status, body.as_slice())),
+                Err(err) => Err(err.as_str()),
+            };
+            if let Some(rules) = Rules::from_answer(&robots.agent, answer) {
+                return Some(rules);
+            }
+            why = match answer {
+                Ok((status, _)) => format!("status {status}"),
+                Err(err) => err.to_owned(),
+            };
+            tracing::warn!(url = %redact(&url), attempt = attempt + 1, "robots.txt unavailable: {why}");
+        }
+        Some(Rules::Unavailable(why))
+    }
+
+    /// GETs `url` (taking a slot to send, as every request), and reads at
+    /// most [`ROBOTS_MAX_BYTES`] of its body.
+    async fn get_small(&self, url: &Url, slots: &Arc<Semaphore>) -> Result<(u16, Vec<u8>), String> {
+        let mut slot = None;
+        loop {
+            let gate = SlotGate::new(slots, slot.take());
+            let mut extensions = Extensions::new();
+            extensions.insert(gate.clone());
+            let request = self
+                .client
+                .get(url.clone())
+                .build()
+                .map_err(|e| error_chain(&e))?;
+            let result = self
+                .client
+                .execute_with_extensions(request, &mut extensions)
+                .await;
+            let response = match result {
+                Ok(response) => response,
+                Err(err) if NotSent::is(&err) => {
+                    slot = Arc::clone(slots).acquire_owned().await.ok();
+                    continue;
+                }
+                Err(err) => return Err(error_chain(&err)),
+            };
+            let status = response.status().as_u16();
+            let mut body = Vec::new();
+            let mut response = response;
+            while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
+                body.extend_from_slice(&chunk);
+                if body.len() >= ROBOTS_MAX_BYTES {
+                    body.truncate(ROBOTS_MAX_BYTES);
+                    break;
+                }
+            }
+            gate.free();
+            return Ok((status, body));
+        }
+    }
+
     /// One try at `url`: waits for its host's turn (at most what
     /// `--max-wait` leaves, counted from `queued`; at most [`SLOT_WAIT`]
     /// when `probe`, as it holds a slot), then sends and reads the body,
@@ -470,6 +624,7 @@ impl Crawler {
         queued: Instant,
         gate: SlotGate,
         probe: bool,
+        crawl_delay: Option<CrawlDelay>,
         admitted: oneshot::Sender<()>,
     ) -> Attempt {
         let left = self.max_wait.map(|m| m.saturating_sub(queued.elapsed()));
@@ -484,6 +639,9 @@ impl Crawler {
         }
         extensions.insert(gate.clone());
         extensions.insert(Admitted(Arc::new(Mutex::new(Some(admitted)))));
+        if let Some(delay) = crawl_delay {
+            extensions.insert(delay);
+        }
         let mut stop = self.stop.watch();
         let attempt = tokio::select! {
             attempt = self.fetch(url.clone(), queued, left, &mut extensions) => attempt,
@@ -588,6 +746,7 @@ impl Crawler {
             hold_ms: None,
             redirects: Vec::new(),
             final_url: None,
+            skipped: None,
         }
     }
 

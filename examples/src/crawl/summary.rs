@@ -23,10 +23,11 @@ pub struct HostSummary {
     pub rate: Option<f64>,
 }
 
-/// One summary per host, in host order.
+/// One summary per host, in host order, of the URLs that were tried.
 pub fn summarize(fetched: &[Fetched]) -> Vec<HostSummary> {
     let mut hosts: BTreeMap<&str, Vec<&Fetched>> = BTreeMap::new();
-    for f in fetched {
+    // URLs robots.txt ruled out were never tried.
+    for f in fetched.iter().filter(|f| f.skipped.is_none()) {
         hosts.entry(&f.host).or_default().push(f);
     }
     hosts
@@ -97,6 +98,7 @@ mod tests {
             hold_ms: None,
             redirects: Vec::new(),
             final_url: None,
+            skipped: None,
         }
     }
 
