@@ -4,6 +4,7 @@
 //! frozen mid-crawl, a replica killed mid-request, a 429 with Retry-After.
 //! Every URL must end exactly once, with a status or a reported error.
 
+mod backoff;
 mod cli;
 mod faults;
 mod lifecycle;

@@ -39,6 +39,8 @@ use crate::record::{Recorder, Request};
 /// - `/redirect?code=C&to=URL`: status `C` (a 3xx) with `Location: URL`
 ///   (percent-encoded in the query; see [`Upstream::redirect_url`]);
 /// - `/robots.txt`: what [`Upstream::set_robots`] set for the host, else `404`;
+/// - `/outage?until=MS`: `503` without `Retry-After` until the Unix time `MS` (ms);
+/// - `/headers?set=NAME:VALUE&...`: `200` with those headers (see [`Upstream::headers_url`]);
 /// - anything else: `200 ok`.
 ///
 /// Stops when dropped.
@@ -193,6 +195,16 @@ fn answer(
                         header::RETRY_AFTER,
                         httpdate::fmt_http_date(now + Duration::from_secs(secs)),
                     );
+            }
+            Chunks::new(1, Duration::ZERO)
+        }
+        "/outage" => {
+            // `/outage?until=<Unix ms>`: `503` (no Retry-After) until then.
+            let now_ms = SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            if number("until").is_some_and(|until| now_ms < until) {
+                response = response.status(StatusCode::SERVICE_UNAVAILABLE);
             }
             Chunks::new(1, Duration::ZERO)
         }

@@ -11,7 +11,7 @@ use http::header::{
     PROXY_AUTHORIZATION, TRANSFER_ENCODING, WWW_AUTHENTICATE,
 };
 use http::{Extensions, Method, StatusCode};
-use redislimit::http::{PaceOptions, PermitBody};
+use redislimit::http::{PaceOptions, PermitBody, is_transport_failure};
 use redislimit::{HostKey, Limiter, Permit};
 use reqwest::{Request, Response, Url};
 use reqwest_middleware::{Middleware, Next, Result};
@@ -33,7 +33,10 @@ use crate::error::{NotSent, RedirectError, redirect_error, to_middleware};
 ///    for [`with_default_penalty`](Self::with_default_penalty) without one;
 ///    whatever the status, a `RateLimit` field or `X-RateLimit-*` headers
 ///    saying the budget is spent hold the host until their reset
-///    ([`with_rate_limit_headers`](Self::with_rate_limit_headers));
+///    ([`with_rate_limit_headers`](Self::with_rate_limit_headers)); an
+///    overload that says nothing (a bare `429`/`503`, another `5xx`, a
+///    timeout, a refused or reset connection) widens the host's gap, and
+///    successes narrow it back ([`with_backoff`](Self::with_backoff));
 /// 4. follows a redirect (`301`, `302`, `303`, `307`, `308` with a
 ///    `Location`) as a new request to its own host, from step 1: every hop
 ///    is paced, and penalized, where it goes;
@@ -131,6 +134,15 @@ impl PacingMiddleware {
         self
     }
 
+    /// The adaptive backoff for overload signals that carry no delay (a
+    /// bare `429`/`503`, another `5xx`, a timeout, a refused or reset
+    /// connection); `None` switches it off. On by default:
+    /// [`Backoff::default`](redislimit::http::Backoff).
+    pub fn with_backoff(mut self, backoff: Option<redislimit::http::Backoff>) -> Self {
+        self.options = self.options.with_backoff(backoff);
+        self
+    }
+
     /// The limiter this middleware paces through.
     pub fn limiter(&self) -> &Arc<dyn Limiter> {
         &self.limiter
@@ -221,7 +233,22 @@ impl PacingMiddleware {
                 return Err(err);
             }
             // A failed send drops the permit here: the request is over.
-            Err(err) => return Err(err),
+            Err(err) => {
+                drop(permit);
+                // Timeouts, refused and reset connections (not an inner
+                // middleware's own error).
+                let transport = match &err {
+                    reqwest_middleware::Error::Reqwest(e) => {
+                        e.is_timeout() || e.is_connect() || is_transport_failure(e)
+                    }
+                    reqwest_middleware::Error::Middleware(_) => false,
+                };
+                if let Some(hold) = self.options.after_failure(&host, transport) {
+                    tracing::info!(host = %host, error = %err, hold_ms = millis(hold), "request failed: backing off");
+                    let _ = self.limiter.penalize_host(host, hold).await;
+                }
+                return Err(err);
+            }
         };
         // A client that follows redirects itself hands back the last hop's
         // response: a penalty it asks for is that host's, not this one's.
@@ -239,8 +266,16 @@ impl PacingMiddleware {
             }
             _ => host,
         };
-        if let Some(hold) = self.options.penalty(response.status(), response.headers()) {
-            tracing::info!(host = %answered, status = %response.status(), hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX), "upstream asked to back off");
+        let status = response.status();
+        if let Some(hold) = self
+            .options
+            .after_response(&answered, status, response.headers())
+        {
+            if status.is_success() || status.is_redirection() {
+                tracing::debug!(host = %answered, hold_ms = millis(hold), "recovering: backing off less");
+            } else {
+                tracing::info!(host = %answered, status = %status, hold_ms = millis(hold), "upstream asked to back off");
+            }
             // Failures are reported by the limiter's hooks; the response
             // itself is still good.
             let _ = self.limiter.penalize_host(answered, hold).await;
@@ -285,6 +320,10 @@ impl Retained {
             },
         }
     }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The statuses followed, as by reqwest's default policy.

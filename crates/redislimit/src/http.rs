@@ -3,6 +3,7 @@
 //! for (`Retry-After`, the `RateLimit` field and vendor `X-RateLimit-*`
 //! headers), and the per-request engine label and wait budget.
 
+mod backoff;
 mod body;
 mod options;
 mod rate_limit;
@@ -10,6 +11,7 @@ mod retry_after;
 
 use std::borrow::Cow;
 
+pub use self::backoff::{Backoff, is_transport_failure};
 pub use self::body::PermitBody;
 pub use self::options::PaceOptions;
 pub use self::rate_limit::rate_limit_hold;

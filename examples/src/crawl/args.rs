@@ -90,6 +90,12 @@ pub struct Args {
     /// default), capped by `--max-penalty`.
     #[arg(long, value_parser = parse_duration)]
     pub default_penalty: Option<Duration>,
+    /// Switch off the adaptive backoff: by default a 429/503 without
+    /// `Retry-After`, another 5xx, a timeout or a refused or reset
+    /// connection widens the host's gap (1 s, doubling per signal, up to
+    /// `--max-penalty`) and successes narrow it back (x0.75 each).
+    #[arg(long)]
+    pub no_backoff: bool,
     /// After SIGINT/SIGTERM, how long requests in flight may go on.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub grace: Duration,

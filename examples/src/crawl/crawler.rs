@@ -312,6 +312,9 @@ impl Crawler {
         if let Some(penalty) = args.default_penalty {
             pacing = pacing.with_default_penalty(penalty);
         }
+        let backoff = (!args.no_backoff)
+            .then(|| redislimit::http::Backoff::new(Duration::from_secs(1), args.max_penalty));
+        pacing = pacing.with_backoff(backoff);
         let client = ClientBuilder::new(http).with(pacing).with(Stamp).build();
         Ok(Self {
             client,

@@ -131,10 +131,11 @@ where
                     // An error drops the permit with this future: the request is over.
                     let response = ready!(response.poll(cx)).map_err(Into::into)?;
                     let permit = permit.take().expect("polled after completion");
-                    let Some(hold) = settings
-                        .options
-                        .penalty(response.status(), response.headers())
-                    else {
+                    let Some(hold) = settings.options.after_response(
+                        host,
+                        response.status(),
+                        response.headers(),
+                    ) else {
                         return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, permit))));
                     };
                     tracing::info!(host = %host, status = %response.status(), hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX), "upstream asked to back off");

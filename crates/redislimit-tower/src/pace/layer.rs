@@ -75,6 +75,13 @@ impl PaceLayer {
     pub fn with_rate_limit_headers(self, read: bool) -> Self {
         self.with(|o| o.with_rate_limit_headers(read))
     }
+
+    /// The adaptive backoff for a `429`/`503` without a stated delay and
+    /// any other `5xx` (see [`Backoff`](redislimit::http::Backoff));
+    /// `None` switches it off. On by default.
+    pub fn with_backoff(self, backoff: Option<redislimit::http::Backoff>) -> Self {
+        self.with(|o| o.with_backoff(backoff))
+    }
 }
 
 impl fmt::Debug for PaceLayer {

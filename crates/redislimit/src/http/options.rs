@@ -7,8 +7,10 @@ use std::time::Duration;
 use http::{Extensions, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
+use super::backoff::Backoff;
 use super::retry_after::penalty_from;
 use super::{Engine, MaxWait};
+use crate::HostKey;
 
 /// The per-request choices of a pacing middleware: which engine label a
 /// request waits under, how long it may wait, and what a `429`/`503`
@@ -19,17 +21,19 @@ pub struct PaceOptions {
     max_wait: Option<Duration>,
     default_penalty: Option<Duration>,
     rate_limit_headers: bool,
+    backoff: Option<Backoff>,
 }
 
 impl Default for PaceOptions {
     /// Engine `default`, no maximum wait, no default penalty, rate limit
-    /// headers read.
+    /// headers read, [`Backoff::default`] on.
     fn default() -> Self {
         Self {
             engine: Engine::new("default"),
             max_wait: None,
             default_penalty: None,
             rate_limit_headers: true,
+            backoff: Some(Backoff::default()),
         }
     }
 }
@@ -82,6 +86,53 @@ impl PaceOptions {
     pub fn with_rate_limit_headers(mut self, read: bool) -> Self {
         self.rate_limit_headers = read;
         self
+    }
+
+    /// Widens a host's gap on overload signals that carry no delay, and
+    /// narrows it back on success (see [`Backoff`]); `None` switches it
+    /// off. On by default, from 1 s up to 10 minutes.
+    pub fn with_backoff(mut self, backoff: Option<Backoff>) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How long to hold `host` after it answered `status` with `headers`:
+    /// what the response asks for ([`penalty`](Self::penalty)); else, for
+    /// a `429`, `503` or other `5xx`, the backoff's widened gap (no less
+    /// than the default penalty); else, while the host is backing off, the
+    /// narrowed gap. `None` when the host may go on at its pacing.
+    pub fn after_response(
+        &self,
+        host: &HostKey,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<Duration> {
+        // What the server said: Retry-After, or a spent rate limit.
+        let stated = penalty_from(status, headers, None, self.rate_limit_headers);
+        if stated.is_some() {
+            return stated;
+        }
+        let backoff = self.backoff.as_ref();
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            let widened = backoff.map(|b| b.widen(host));
+            let default = matches!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            )
+            .then_some(self.default_penalty)
+            .flatten();
+            return widened.max(default);
+        }
+        backoff.and_then(|b| b.narrow(host))
+    }
+
+    /// How long to hold `host` after a request to it failed without a
+    /// response: for a `transport` failure (a timeout, a refused or reset
+    /// connection; see [`is_transport_failure`](super::is_transport_failure)),
+    /// the backoff's widened gap.
+    pub fn after_failure(&self, host: &HostKey, transport: bool) -> Option<Duration> {
+        let backoff = self.backoff.as_ref()?;
+        transport.then(|| backoff.widen(host))
     }
 
     /// How long a response asks its host to be left alone: see
@@ -137,6 +188,59 @@ mod tests {
         assert_eq!(options.engine(&extensions).as_str(), "crawler");
         extensions.insert(Engine::new("search"));
         assert_eq!(options.engine(&extensions).as_str(), "search");
+    }
+
+    #[test]
+    fn overload_without_a_stated_delay_backs_off_and_success_narrows() {
+        let host = HostKey::parse("http://a.test/").unwrap();
+        let options = PaceOptions::default().with_default_penalty(Duration::from_millis(1500));
+        let none = HeaderMap::new();
+        let s = Duration::from_secs;
+        // A 500 widens from 1 s; a 503 widens to 2 s; a 429 to 4 s.
+        assert_eq!(
+            options.after_response(&host, StatusCode::INTERNAL_SERVER_ERROR, &none),
+            Some(s(1))
+        );
+        assert_eq!(
+            options.after_response(&host, StatusCode::SERVICE_UNAVAILABLE, &none),
+            Some(s(2))
+        );
+        assert_eq!(
+            options.after_response(&host, StatusCode::TOO_MANY_REQUESTS, &none),
+            Some(s(4))
+        );
+        // A stated delay wins and leaves the gap alone.
+        let mut stated = HeaderMap::new();
+        stated.insert(http::header::RETRY_AFTER, "7".parse().unwrap());
+        assert_eq!(
+            options.after_response(&host, StatusCode::TOO_MANY_REQUESTS, &stated),
+            Some(s(7))
+        );
+        // Successes narrow it by a quarter each, down to the host's pacing.
+        assert_eq!(
+            options.after_response(&host, StatusCode::OK, &none),
+            Some(s(3))
+        );
+        assert_eq!(
+            options.after_response(&host, StatusCode::NOT_FOUND, &none),
+            Some(Duration::from_millis(2250))
+        );
+        // Without backoff: only the default penalty, and only for 429/503.
+        let off = options.clone().with_backoff(None);
+        let other = HostKey::parse("http://b.test/").unwrap();
+        assert_eq!(
+            off.after_response(&other, StatusCode::INTERNAL_SERVER_ERROR, &none),
+            None
+        );
+        assert_eq!(
+            off.after_response(&other, StatusCode::SERVICE_UNAVAILABLE, &none),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(off.after_response(&other, StatusCode::OK, &none), None);
+        // A transport failure widens; another error does not.
+        assert_eq!(options.after_failure(&other, true), Some(s(1)));
+        assert_eq!(options.after_failure(&other, false), None);
+        assert_eq!(off.after_failure(&other, true), None);
     }
 
     #[test]

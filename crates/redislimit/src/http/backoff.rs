@@ -1,0 +1,181 @@
+//! `Backoff`: widening a host's gap when it signals overload without
+//! saying for how long, and narrowing it back as it recovers.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::HostKey;
+
+/// Adaptive backoff per host, for the signals that carry no delay: a
+/// `429`/`503` without `Retry-After` (or rate limit headers), any other
+/// `5xx`, a timeout, a refused or reset connection.
+///
+/// Each such signal doubles the host's gap (from [`start`](Self::new) up
+/// to `max`), and the middleware holds the host for it, through the
+/// limiter's penalty, so every replica sharing the limiter keeps it. Each
+/// success while backing off narrows the gap to three quarters and holds
+/// the host for that; once it falls below `start`, the host is back on its
+/// own pacing. So a host failing for a while sees requests 1 s, 2 s, 4 s
+/// ... apart, and after it recovers 1.5 s, 1.1 s, ... apart, then its
+/// policy's pace.
+///
+/// The formula is AIMD's shape applied to the delay: a multiplicative
+/// increase on overload, as TCP and the binary exponential backoff of
+/// retry libraries do, so a struggling server sheds load fast; and a
+/// gentler multiplicative decrease on success, so one lucky response does
+/// not bring the full rate back at once (Scrapy's AutoThrottle also moves
+/// its delay only part of the way per response, towards its target;
+/// Heritrix scales the delay with the fetch time through its delay
+/// factor). Both need only the last gap, no latency measurements.
+///
+/// The gap is kept per process (clones share it); the holds it causes are
+/// shared by every replica through the limiter. Hosts are forgotten once
+/// their gap has narrowed away.
+#[derive(Clone)]
+pub struct Backoff {
+    start: Duration,
+    max: Duration,
+    gaps: Arc<Mutex<HashMap<HostKey, Duration>>>,
+}
+
+/// Hosts backing off at once beyond which the oldest state is dropped.
+const MAX_HOSTS: usize = 65_536;
+
+impl Backoff {
+    /// Starts at `start` and widens up to `max` (the limiter's own
+    /// `max_penalty` caps it too).
+    pub fn new(start: Duration, max: Duration) -> Self {
+        Self {
+            start,
+            max: max.max(start),
+            gaps: Arc::default(),
+        }
+    }
+
+    /// An overload signal from `host`: the gap to hold it for now.
+    pub fn widen(&self, host: &HostKey) -> Duration {
+        let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
+        if gaps.len() >= MAX_HOSTS && !gaps.contains_key(host) {
+            gaps.clear();
+        }
+        let gap = gaps
+            .get(host)
+            .map_or(self.start, |g| g.saturating_mul(2))
+            .min(self.max);
+        gaps.insert(host.clone(), gap);
+        gap
+    }
+
+    /// A success from `host`: the narrowed gap to hold it for, while it is
+    /// still backing off; `None` once it is back on its own pacing.
+    pub fn narrow(&self, host: &HostKey) -> Option<Duration> {
+        let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
+        let gap = gaps.get(host)?.mul_f64(0.75);
+        if gap < self.start {
+            gaps.remove(host);
+            return None;
+        }
+        gaps.insert(host.clone(), gap);
+        Some(gap)
+    }
+
+    /// Whether `host` is backing off.
+    pub fn is_backing_off(&self, host: &HostKey) -> bool {
+        self.gaps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(host)
+    }
+}
+
+impl Default for Backoff {
+    /// From 1 s up to 10 minutes.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(1), Duration::from_secs(600))
+    }
+}
+
+impl fmt::Debug for Backoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backoff")
+            .field("start", &self.start)
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Backoff {
+    /// The same settings (the hosts' state is not compared).
+    fn eq(&self, other: &Self) -> bool {
+        (self.start, self.max) == (other.start, other.max)
+    }
+}
+
+impl Eq for Backoff {}
+
+/// Whether an error, or one of its causes, is a timeout or a connection
+/// that was refused, reset or cut: a transport failure that says the host
+/// may be overloaded.
+pub fn is_transport_failure(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ErrorKind::TimedOut
+                    | ErrorKind::ConnectionRefused
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        if e.is::<tokio::time::error::Elapsed>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn overload_doubles_and_success_narrows_by_a_quarter() {
+        let b = Backoff::new(S, 4 * S);
+        let h = HostKey::parse("http://a.test/").unwrap();
+        let other = HostKey::parse("http://b.test/").unwrap();
+        assert_eq!(b.narrow(&h), None, "nothing to narrow");
+        assert_eq!(b.widen(&h), S);
+        assert_eq!(b.widen(&h), 2 * S);
+        assert_eq!(b.widen(&h), 4 * S);
+        assert_eq!(b.widen(&h), 4 * S, "capped");
+        assert!(!b.is_backing_off(&other));
+        assert_eq!(b.narrow(&h), Some(3 * S));
+        assert_eq!(b.narrow(&h), Some(Duration::from_millis(2250)));
+        assert_eq!(b.narrow(&h), Some(Duration::from_micros(1_687_500)));
+        assert_eq!(b.narrow(&h), Some(Duration::from_micros(1_265_625)));
+        assert_eq!(b.narrow(&h), None, "below the start: back on its pacing");
+        assert!(!b.is_backing_off(&h));
+        assert_eq!(b.widen(&h), S, "starts over");
+    }
+
+    #[test]
+    fn transport_failures_are_told_from_other_errors() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(is_transport_failure(&reset));
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(!is_transport_failure(&denied));
+        let wrapped = crate::Error::unavailable(crate::Op::Acquire, reset);
+        assert!(is_transport_failure(&wrapped), "found among the causes");
+    }
+}
