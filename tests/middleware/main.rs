@@ -52,3 +52,21 @@ pub(crate) fn redirect_scenario(upstream: &Upstream) -> Vec<String> {
 pub(crate) fn on(all: &[Request], host: &str) -> Vec<Request> {
     all.iter().filter(|r| r.host == host).cloned().collect()
 }
+
+/// After `r.test` redirected to a `t.test` URL that answered 429 with a
+/// `hold`, and both hosts were asked once more: only `t.test` was held.
+pub(crate) fn assert_only_the_target_was_held(upstream: &Upstream, hold: std::time::Duration) {
+    let all = upstream.recorder().all();
+    let (target, redirector) = (on(&all, "t.test"), on(&all, "r.test"));
+    assert_eq!((target.len(), redirector.len()), (2, 2), "{all:?}");
+    assert!(
+        target[1].send - target[0].send >= hold,
+        "t.test was not held: its next request came {:?} after the 429",
+        target[1].send - target[0].send
+    );
+    assert!(
+        redirector[1].send < target[0].send + hold,
+        "r.test was held for t.test's 429: its next request came {:?} after it",
+        redirector[1].send - target[0].send
+    );
+}

@@ -118,19 +118,7 @@ async fn retry_after_on_a_redirect_target_holds_the_target_not_the_redirector() 
     )
     .await;
 
-    let all = upstream.recorder().all();
-    let (target, redirector) = (on(&all, "t.test"), on(&all, "r.test"));
-    assert_eq!((target.len(), redirector.len()), (2, 2), "{all:?}");
-    assert!(
-        target[1].send - target[0].send >= hold,
-        "t.test was not held: its next request came {:?} after the 429",
-        target[1].send - target[0].send
-    );
-    assert!(
-        redirector[1].send < target[0].send + hold,
-        "r.test was held with t.test: its next request came {:?} after the 429",
-        redirector[1].send - target[0].send
-    );
+    crate::assert_only_the_target_was_held(&upstream, hold);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
