@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 pub use self::args::{Args, Fallback, Pacer, parse_duration};
-pub use self::crawler::{Crawler, Fetched, ModeProbe, error_chain, redact};
+pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::input::{Input, read_urls};
 pub use self::stop::{Stop, StopLevel};
 pub use self::summary::{HostSummary, summarize};
@@ -44,7 +44,7 @@ pub fn main() -> ExitCode {
         Ok(None) => ExitCode::SUCCESS,
         Ok(Some(signal)) => ExitCode::from(128 + u8::try_from(signal).unwrap_or(0)),
         Err(err) => {
-            tracing::error!("{}", error_chain(err.as_ref()));
+            tracing::error!("{}", redislimit::Causes(err.as_ref()));
             ExitCode::from(2)
         }
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redislimit_tests::Upstream;
+use redislimit_tests::{RedisServer, Upstream};
 
 use crate::{SLACK, finish, spawn, tempdir};
 
@@ -26,18 +26,30 @@ async fn robots_txt_disallows_and_sets_the_crawl_delay() {
         // No robots.txt (404): everything allowed, at --min-delay.
         list.push(upstream.url("b.test", &format!("/private/page?i={i}")));
     }
-    let args = ["--robots", "--min-delay", "50ms"];
-    let report = finish(vec![spawn(dir.path(), 0, &upstream, &list, &args)]).await;
+    // Two replicas through Redis: each reads robots.txt, and the delay it
+    // asks for holds between any two of their requests.
+    let server = RedisServer::start();
+    let url = server.url();
+    let args = ["--robots", "--min-delay", "50ms", "--redis", &url];
+    let replicas = crate::spawn_all(dir.path(), &upstream, &list, 2, &args);
+    let report = finish(replicas).await;
 
     let a = upstream.recorder().host("a.test");
     let paths: Vec<&str> = a.iter().map(|r| r.path.as_str()).collect();
-    assert_eq!(paths[0], "/robots.txt", "{paths:?}");
+    // Each replica asked for robots.txt before anything else there (the
+    // second one's request waits its turn, the crawl delay included).
+    for replica in [0, 1] {
+        let first = a.iter().find(|r| r.replica == replica).unwrap();
+        assert_eq!(first.path, "/robots.txt", "replica {replica}: {paths:?}");
+    }
+    assert_eq!(paths.iter().filter(|p| **p == "/robots.txt").count(), 2);
     assert!(
         !paths.iter().any(|p| p.starts_with("/private")),
         "{paths:?}"
     );
     let public: Vec<_> = a.iter().filter(|r| r.path.starts_with("/public")).collect();
     assert_eq!(public.len(), 4);
+    assert!(public.iter().any(|r| r.replica == 0) && public.iter().any(|r| r.replica == 1));
     for pair in public.windows(2) {
         let gap = pair[1].send - pair[0].send;
         assert!(
@@ -46,7 +58,7 @@ async fn robots_txt_disallows_and_sets_the_crawl_delay() {
         );
     }
     let b = upstream.recorder().host("b.test");
-    assert_eq!(b.len(), 5, "robots.txt and the four URLs");
+    assert_eq!(b.len(), 6, "two robots.txt and the four URLs");
     assert!(
         b.windows(2)
             .all(|w| w[1].send - w[0].send < Duration::from_secs(1))

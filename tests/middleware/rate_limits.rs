@@ -59,6 +59,12 @@ async fn hold_after(
     (t[1].send - t[0].send, o[0].send - t[0].send)
 }
 
+/// `t.test` waited at least `hold` for its next request; `o.test` did not.
+fn assert_held_alone((next, other): (Duration, Duration), hold: Duration) {
+    assert!(next >= hold, "t.test was not held: {next:?}");
+    assert!(other < hold, "o.test was held too: {other:?}");
+}
+
 fn plain() -> PacingMiddleware {
     PacingMiddleware::new(domain_limiter(|p| p.max_concurrent(2)))
 }
@@ -66,15 +72,7 @@ fn plain() -> PacingMiddleware {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_ietf_ratelimit_field_holds_the_host_until_its_reset() {
     let spent = |u: &Upstream| u.headers_url("t.test", &[("ratelimit", r#""default";r=0;t=1"#)]);
-    let (next, other) = hold_after(plain(), &spent).await;
-    assert!(
-        next >= Duration::from_secs(1),
-        "t.test was not held: {next:?}"
-    );
-    assert!(
-        other < Duration::from_secs(1),
-        "o.test was held too: {other:?}"
-    );
+    assert_held_alone(hold_after(plain(), &spent).await, Duration::from_secs(1));
     // Budget left: no hold.
     let left = |u: &Upstream| u.headers_url("t.test", &[("ratelimit", r#""default";r=4;t=1"#)]);
     let (next, _) = hold_after(plain(), &left).await;
@@ -102,14 +100,9 @@ async fn github_style_headers_hold_the_host_until_the_epoch_reset() {
             ],
         )
     };
-    let (next, other) = hold_after(plain(), &spent).await;
-    assert!(
-        next >= Duration::from_millis(900),
-        "t.test was not held: {next:?}"
-    );
-    assert!(
-        other < Duration::from_millis(900),
-        "o.test was held too: {other:?}"
+    assert_held_alone(
+        hold_after(plain(), &spent).await,
+        Duration::from_millis(900),
     );
     // Switched off, the same answer holds nothing.
     let (next, _) = hold_after(plain().with_rate_limit_headers(false), &spent).await;

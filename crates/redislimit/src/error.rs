@@ -213,8 +213,23 @@ pub enum ConfigError {
 }
 
 /// Shows an error with its causes, each once (`outer: cause: root`), for
-/// logs: [`Error::Unavailable`] keeps the backend's error as its source.
-pub(crate) struct Causes<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+/// logs and reports: [`Error::Unavailable`] keeps the backend's error as
+/// its [`source`](std::error::Error::source), and HTTP clients nest theirs
+/// the same way. A cause whose text its outer error already printed is
+/// left out.
+///
+/// ```
+/// use redislimit::{Causes, Error, Op};
+///
+/// let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+/// let err = Error::unavailable(Op::Acquire, refused);
+/// assert_eq!(
+///     Causes(&err).to_string(),
+///     "pacing backend unavailable during acquire: connection refused"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Causes<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Causes<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -249,5 +264,31 @@ mod tests {
             "pacing backend unavailable during acquire: connection refused"
         );
         assert_eq!(Causes(&Error::Closed).to_string(), "the limiter is closed");
+    }
+
+    #[test]
+    fn a_cause_its_outer_error_already_printed_is_left_out() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let root = E("connection refused", None);
+        let mid = E(
+            "tcp connect error: connection refused",
+            Some(Box::new(root)),
+        );
+        let top = E("error sending request", Some(Box::new(mid)));
+        assert_eq!(
+            Causes(&top).to_string(),
+            "error sending request: tcp connect error: connection refused"
+        );
     }
 }

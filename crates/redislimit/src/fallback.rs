@@ -190,7 +190,7 @@ impl Adoptions {
                     break;
                 }
                 Err(err) => {
-                    tracing::warn!(host = %adoptee.host, error = %crate::error::Causes(&err), "a request admitted in-process could not be counted in the shared limiter");
+                    tracing::warn!(host = %adoptee.host, error = %crate::Causes(&err), "a request admitted in-process could not be counted in the shared limiter");
                     *state = Adopted::Done;
                 }
             }
@@ -763,9 +763,9 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 continue;
             }
             if self.degraded.swap(true, Ordering::Relaxed) {
-                tracing::debug!(host = %host, error = %crate::error::Causes(&err), ?plan, "pacing in-process");
+                tracing::debug!(host = %host, error = %crate::Causes(&err), ?plan, "pacing in-process");
             } else {
-                tracing::warn!(host = %host, error = %crate::error::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
+                tracing::warn!(host = %host, error = %crate::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
             }
             // Taken back unless sent (a blown budget, a dropped future).
             let local = Provisional(Some(

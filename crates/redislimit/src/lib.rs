@@ -81,7 +81,7 @@ pub use self::redis::{
     RedisPool, RedisTimeouts,
 };
 pub use self::{
-    error::{BoxError, ConfigError, Error, Op},
+    error::{BoxError, Causes, ConfigError, Error, Op},
     fallback::FallbackLimiter,
     hooks::{Hooks, NoHooks, WaitOutcome},
     key::HostKey,

@@ -15,7 +15,7 @@ use anyhow::Context;
 use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
 use redislimit::http::{MaxWait, retry_after};
-use redislimit::{Error, HostKey, Limiter};
+use redislimit::{Causes, Error, HostKey, Limiter};
 use redislimit_reqwest::{NotSent, PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde::Serialize;
@@ -230,18 +230,8 @@ pub fn redact(url: &Url) -> String {
 }
 
 /// `err` and its causes, each once: `outer: cause: root cause`.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(err);
-    while let Some(e) = next {
-        let text = e.to_string();
-        // Some errors print their cause as part of their own message.
-        if !parts.last().is_some_and(|last| last.contains(&text)) {
-            parts.push(text);
-        }
-        next = e.source();
-    }
-    parts.join(": ")
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    Causes(err).to_string()
 }
 
 /// What became of one attempt at a URL.
@@ -901,31 +891,5 @@ mod tests {
         assert_eq!(shown, "https://redacted@a.test/p?q=1");
         let plain = Url::parse("https://a.test/").unwrap();
         assert_eq!(redact(&plain), "https://a.test/");
-    }
-
-    #[test]
-    fn an_error_chain_names_every_cause_once() {
-        #[derive(Debug)]
-        struct E(&'static str, Option<Box<E>>);
-        impl std::fmt::Display for E {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.0)
-            }
-        }
-        impl std::error::Error for E {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                self.1.as_deref().map(|e| e as _)
-            }
-        }
-        let root = E("connection refused", None);
-        let mid = E(
-            "tcp connect error: connection refused",
-            Some(Box::new(root)),
-        );
-        let top = E("error sending request", Some(Box::new(mid)));
-        assert_eq!(
-            error_chain(&top),
-            "error sending request: tcp connect error: connection refused"
-        );
     }
 }

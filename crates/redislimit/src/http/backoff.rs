@@ -44,9 +44,11 @@ pub struct Backoff {
 const MAX_HOSTS: usize = 65_536;
 
 impl Backoff {
-    /// Starts at `start` and widens up to `max` (the limiter's own
-    /// `max_penalty` caps it too).
+    /// Starts at `start` (at least a millisecond: a zero gap could never
+    /// widen) and widens up to `max` (the limiter's own `max_penalty` caps
+    /// it too).
     pub fn new(start: Duration, max: Duration) -> Self {
+        let start = start.max(Duration::from_millis(1));
         Self {
             start,
             max: max.max(start),
@@ -167,6 +169,10 @@ mod tests {
         assert_eq!(b.narrow(&h), None, "below the start: back on its pacing");
         assert!(!b.is_backing_off(&h));
         assert_eq!(b.widen(&h), S, "starts over");
+        // A zero start still widens.
+        let z = Backoff::new(Duration::ZERO, S);
+        assert_eq!(z.widen(&h), Duration::from_millis(1));
+        assert_eq!(z.widen(&h), Duration::from_millis(2));
     }
 
     #[test]

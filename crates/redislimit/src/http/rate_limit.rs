@@ -5,6 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, header};
 
+use super::retry_after::response_date;
+
 /// How long a response asks its host to be left alone because its rate
 /// limit budget is spent, or `None` when it says nothing usable.
 ///
@@ -138,11 +140,6 @@ fn cached(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .is_some_and(|age| age > 0)
-}
-
-fn response_date(headers: &HeaderMap) -> Option<SystemTime> {
-    let date = headers.get(header::DATE)?.to_str().ok()?;
-    httpdate::parse_http_date(date.trim()).ok()
 }
 
 /// A header holding one non-negative number (a decimal point allowed).

@@ -37,12 +37,16 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         return (seconds > 0).then(|| Duration::from_secs(seconds));
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    let reference = headers
-        .get(header::DATE)
-        .and_then(|d| d.to_str().ok())
-        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
-        .unwrap_or(now);
+    let reference = response_date(headers).unwrap_or(now);
     at.duration_since(reference).ok().filter(|d| !d.is_zero())
+}
+
+/// The response's own `Date` header, when it has a valid one: what delays
+/// given as instants are measured against, so a local clock that is off
+/// does not distort them.
+pub(super) fn response_date(headers: &HeaderMap) -> Option<SystemTime> {
+    let date = headers.get(header::DATE)?.to_str().ok()?;
+    httpdate::parse_http_date(date.trim()).ok()
 }
 
 /// The penalty a response asks for. For `429 Too Many Requests` and

@@ -134,7 +134,7 @@ impl Shared {
                     ours: a.settings.clone(),
                     theirs: theirs.clone(),
                 };
-                tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch");
+                tracing::error!(error = %crate::Causes(&err), "configuration mismatch");
                 self.hooks.on_error(Op::Acquire, &err);
                 Err(err)
             }

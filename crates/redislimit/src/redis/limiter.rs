@@ -630,7 +630,7 @@ impl Shared {
             // A mismatch was reported where it was found.
             if err.is_unavailable() {
                 self.hooks.on_error(Op::Acquire, &err);
-                tracing::warn!(host = %host, error = %crate::error::Causes(&err), "acquire failed");
+                tracing::warn!(host = %host, error = %crate::Causes(&err), "acquire failed");
             }
             report.abandon();
             return Err(err);
@@ -686,7 +686,7 @@ impl Shared {
                 Ok(Answer::Wait { wait, full }) => (wait, full),
                 Err(err) => {
                     self.hooks.on_error(Op::Acquire, &err);
-                    tracing::warn!(host = %host, error = %crate::error::Causes(&err), "acquire failed");
+                    tracing::warn!(host = %host, error = %crate::Causes(&err), "acquire failed");
                     report.abandon();
                     return Err(err);
                 }
@@ -853,7 +853,7 @@ impl Shared {
             let Err(e) = released else { return };
             let err = unavailable(Op::Release, e);
             if backoff == Duration::from_millis(50) {
-                tracing::warn!(gate = %keys.gate, error = %crate::error::Causes(&err), "release failed; retrying");
+                tracing::warn!(gate = %keys.gate, error = %crate::Causes(&err), "release failed; retrying");
                 self.hooks.on_error(Op::Release, &err);
             }
             if start.elapsed() + backoff > self.lease_ttl {
@@ -944,7 +944,7 @@ impl Shared {
             }
             Err(e) => {
                 let err = unavailable(Op::Penalize, e);
-                tracing::warn!(host = %host, error = %crate::error::Causes(&err), "penalize failed");
+                tracing::warn!(host = %host, error = %crate::Causes(&err), "penalize failed");
                 self.hooks.on_error(Op::Penalize, &err);
                 Err(err)
             }

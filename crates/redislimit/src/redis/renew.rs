@@ -75,7 +75,7 @@ impl Shared {
                 Err(err) => {
                     let now = Instant::now();
                     if !failing {
-                        tracing::warn!(gate = %keys.gate, error = %crate::error::Causes(&err), "lease renewal failed; retrying");
+                        tracing::warn!(gate = %keys.gate, error = %crate::Causes(&err), "lease renewal failed; retrying");
                         self.hooks.on_error(Op::Renew, &err);
                     }
                     failing = true;
