@@ -4,6 +4,7 @@
 //! failed-over servers, and garbage in the keys.
 
 mod agreement;
+mod backoff;
 mod circuit;
 mod cost;
 mod degraded;

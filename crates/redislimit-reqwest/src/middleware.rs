@@ -32,11 +32,15 @@ use crate::error::{NotSent, RedirectError, redirect_error, to_middleware};
 ///    `Retry-After` (both forms, capped by the limiter's maximum penalty), or
 ///    for [`with_default_penalty`](Self::with_default_penalty) without one;
 ///    whatever the status, a `RateLimit` field or `X-RateLimit-*` headers
-///    saying the budget is spent hold the host until their reset
+///    saying the budget is spent hold the host until their reset, and a
+///    low budget is spread up to it
 ///    ([`with_rate_limit_headers`](Self::with_rate_limit_headers)); an
 ///    overload that says nothing (a bare `429`/`503`, another `5xx`, a
 ///    timeout, a refused or reset connection) widens the host's gap, and
-///    successes narrow it back ([`with_backoff`](Self::with_backoff));
+///    successes narrow it back ([`with_backoff`](Self::with_backoff)),
+///    through Redis for every replica when the limiter keeps it there.
+///    What was applied is put in the response's extensions as a
+///    [`ServerSignal`](redislimit::http::ServerSignal);
 /// 4. follows a redirect (`301`, `302`, `303`, `307`, `308` with a
 ///    `Location`) as a new request to its own host, from step 1: every hop
 ///    is paced, and penalized, where it goes;
@@ -243,9 +247,9 @@ impl PacingMiddleware {
                     }
                     reqwest_middleware::Error::Middleware(_) => false,
                 };
-                if let Some(hold) = self.options.after_failure(&host, transport) {
-                    tracing::info!(host = %host, error = %err, hold_ms = millis(hold), "request failed: backing off");
-                    let _ = self.limiter.penalize_host(host, hold).await;
+                if let Some(reaction) = self.options.react_to_failure(transport) {
+                    tracing::debug!(host = %host, error = %err, "request failed: backing off");
+                    self.options.apply(&*self.limiter, host, reaction).await;
                 }
                 return Err(err);
             }
@@ -266,19 +270,13 @@ impl PacingMiddleware {
             }
             _ => host,
         };
-        let status = response.status();
-        if let Some(hold) = self
+        let mut response = response;
+        if let Some(reaction) = self
             .options
-            .after_response(&answered, status, response.headers())
+            .react(&answered, response.status(), response.headers())
+            && let Some(signal) = self.options.apply(&*self.limiter, answered, reaction).await
         {
-            if status.is_success() || status.is_redirection() {
-                tracing::debug!(host = %answered, hold_ms = millis(hold), "recovering: backing off less");
-            } else {
-                tracing::info!(host = %answered, status = %status, hold_ms = millis(hold), "upstream asked to back off");
-            }
-            // Failures are reported by the limiter's hooks; the response
-            // itself is still good.
-            let _ = self.limiter.penalize_host(answered, hold).await;
+            response.extensions_mut().insert(signal);
         }
         Ok((response, permit))
     }
@@ -320,10 +318,6 @@ impl Retained {
             },
         }
     }
-}
-
-fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The statuses followed, as by reqwest's default policy.

@@ -4,8 +4,12 @@
 //!
 //! [`PaceLayer`] wraps a service in [`Pace`]: each request waits for a
 //! permit for its URI's host, the permit lives until the response body is
-//! read to the end or dropped, and a `429`/`503` with `Retry-After`
-//! penalizes the host.
+//! read to the end or dropped, and what the upstream asks for holds the
+//! host: `Retry-After` on a `429`/`503`, a spent or low budget in rate
+//! limit headers, and the adaptive backoff for overload that states no
+//! delay (bare `429`/`503`, other `5xx`, transport failures). What was
+//! applied is in the response's extensions as a
+//! [`ServerSignal`](redislimit::http::ServerSignal).
 //!
 //! ```
 //! use std::convert::Infallible;

@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use crate::hooks::WaitReport;
 use crate::pacing::after;
 use crate::{
-    BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, WaitOutcome,
+    BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit,
+    WaitOutcome,
 };
 
 /// Paces every request through an in-process [`DomainLimiter`] first and
@@ -601,6 +602,24 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
             self.fallback.close(deadline).await?;
             self.primary.close(deadline).await
         })
+    }
+
+    /// The primary's shared gap, when it keeps one; the hold it reports is
+    /// mirrored in the fallback, as a penalty is. A primary that is
+    /// unavailable fails the future, and the caller keeps the gap itself.
+    fn back_off_host<'a>(
+        &'a self,
+        host: HostKey,
+        step: BackoffStep,
+    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+        let shared = self.primary.back_off_host(host.clone(), step)?;
+        Some(Box::pin(async move {
+            let gap = shared.await?;
+            if let Some(gap) = gap {
+                self.fallback.penalize_host(host, gap).await?;
+            }
+            Ok(gap)
+        }))
     }
 
     fn penalize_host<'a>(

@@ -85,7 +85,7 @@ pub use self::{
     fallback::FallbackLimiter,
     hooks::{Hooks, NoHooks, WaitOutcome},
     key::HostKey,
-    limiter::{BoxFuture, Limiter, Permit},
+    limiter::{BackoffStep, BoxFuture, Limiter, Permit},
     local::DomainLimiter,
     pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
 };

@@ -74,6 +74,26 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// Moves `host`'s adaptive backoff gap one `step`, in state this
+    /// limiter shares with every replica using the same backend, and holds
+    /// the host for the gap now in force (as [`penalize_host`](Self::penalize_host)
+    /// would, capped by the maximum penalty). The future returns that gap,
+    /// `None` once the host is back on its own pacing.
+    ///
+    /// Returns no future when this limiter keeps no shared backoff state
+    /// (the default, and the in-process limiter's answer): the caller then
+    /// keeps the gap itself and holds the host through `penalize_host`,
+    /// which is what [`http::Backoff`](crate::http::Backoff) does. A future
+    /// that fails as unavailable leaves the caller to do the same.
+    fn back_off_host<'a>(
+        &'a self,
+        host: HostKey,
+        step: BackoffStep,
+    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+        let _ = (host, step);
+        None
+    }
+
     /// Shuts the limiter down: from now on acquires fail with
     /// [`Error::Closed`], and those waiting wake with it; permits already
     /// granted stay valid and release as usual. The future ends once every
@@ -115,6 +135,40 @@ pub trait Limiter: Send + Sync + fmt::Debug {
     }
 }
 
+/// One move of a host's adaptive backoff (see [`Limiter::back_off_host`]
+/// and [`http::Backoff`](crate::http::Backoff)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackoffStep {
+    /// An overload signal that states no delay: the gap doubles, starting
+    /// at `start`, up to `max`.
+    Widen {
+        /// The first gap.
+        start: Duration,
+        /// The widest gap.
+        max: Duration,
+    },
+    /// A success while backing off: the gap narrows to three quarters, and
+    /// is dropped once below `start`.
+    Narrow {
+        /// The gap below which the host is back on its own pacing.
+        start: Duration,
+    },
+}
+
+impl BackoffStep {
+    /// The gap after this step from `gap` (`None`: not backing off), as
+    /// every limiter computes it.
+    pub(crate) fn apply(self, gap: Option<Duration>) -> Option<Duration> {
+        match self {
+            Self::Widen { start, max } => Some(
+                gap.map_or(start, |g| g.saturating_mul(2).max(start))
+                    .min(max),
+            ),
+            Self::Narrow { start } => gap.map(|g| g.mul_f64(0.75)).filter(|g| *g >= start),
+        }
+    }
+}
+
 macro_rules! forward_limiter {
     ($($ty:ty),*) => {$(
         impl<L: Limiter + ?Sized> Limiter for $ty {
@@ -141,6 +195,14 @@ macro_rules! forward_limiter {
                 ago: Duration,
             ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
                 (**self).adopt_host(host, ago)
+            }
+
+            fn back_off_host<'a>(
+                &'a self,
+                host: HostKey,
+                step: BackoffStep,
+            ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+                (**self).back_off_host(host, step)
             }
 
             fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
-use redislimit::http::{Engine, PermitBody};
+use redislimit::http::{Engine, PermitBody, ServerSignal, is_transport_failure};
 use redislimit::{BoxFuture, Error, HostKey, Permit};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
@@ -48,11 +48,12 @@ pin_project_lite::pin_project! {
             settings: Arc<Settings>,
             host: HostKey,
         },
-        // The upstream asked to back off; the penalty is recorded before
-        // the response is handed on, so a retry is paced by it.
+        // The upstream asked to back off, or the request failed on the way;
+        // the hold is recorded before the outcome is handed on, so a retry
+        // is paced by it.
         Penalizing {
-            penalize: BoxFuture<'static, ()>,
-            done: Option<(S::Response, Permit)>,
+            penalize: BoxFuture<'static, Option<ServerSignal>>,
+            done: Option<Result<(S::Response, Permit), BoxError>>,
         },
     }
 }
@@ -128,36 +129,68 @@ where
                     settings,
                     host,
                 } => {
-                    // An error drops the permit with this future: the request is over.
-                    let response = ready!(response.poll(cx)).map_err(Into::into)?;
-                    let permit = permit.take().expect("polled after completion");
-                    let Some(hold) = settings.options.after_response(
-                        host,
-                        response.status(),
-                        response.headers(),
-                    ) else {
-                        return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, permit))));
+                    let (reaction, done) = match ready!(response.poll(cx)) {
+                        Ok(response) => {
+                            let permit = permit.take().expect("polled after completion");
+                            let reaction =
+                                settings
+                                    .options
+                                    .react(host, response.status(), response.headers());
+                            let Some(reaction) = reaction else {
+                                return Poll::Ready(Ok(
+                                    response.map(|body| PermitBody::new(body, permit))
+                                ));
+                            };
+                            (reaction, Ok((response, permit)))
+                        }
+                        Err(error) => {
+                            // The request is over: its permit goes back now.
+                            drop(permit.take());
+                            let error: BoxError = error.into();
+                            let transport = is_transport_failure(&*error) || is_timeout(&*error);
+                            let Some(reaction) = settings.options.react_to_failure(transport)
+                            else {
+                                return Poll::Ready(Err(error));
+                            };
+                            (reaction, Err(error))
+                        }
                     };
-                    tracing::info!(host = %host, status = %response.status(), hold_ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX), "upstream asked to back off");
-                    let limiter = Arc::clone(&settings.limiter);
+                    let settings = Arc::clone(settings);
                     let key = host.clone();
-                    let penalize: BoxFuture<'static, ()> = Box::pin(async move {
-                        // Failures are reported by the limiter's hooks.
-                        let _ = limiter.penalize_host(key, hold).await;
+                    let penalize: BoxFuture<'static, Option<ServerSignal>> = Box::pin(async move {
+                        settings
+                            .options
+                            .apply(&*settings.limiter, key, reaction)
+                            .await
                     });
                     state.set(State::Penalizing {
                         penalize,
-                        done: Some((response, permit)),
+                        done: Some(done),
                     });
                 }
                 StateProj::Penalizing { penalize, done } => {
-                    ready!(penalize.as_mut().poll(cx));
-                    let (response, permit) = done.take().expect("polled after completion");
+                    let signal = ready!(penalize.as_mut().poll(cx));
+                    let (mut response, permit) = done.take().expect("polled after completion")?;
+                    if let Some(signal) = signal {
+                        response.extensions_mut().insert(signal);
+                    }
                     return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, permit))));
                 }
             }
         }
     }
+}
+
+/// Whether `error`, or one of its causes, is tower's own timeout.
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<tower::timeout::error::Elapsed>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

@@ -70,14 +70,18 @@ impl PaceLayer {
     }
 
     /// Whether a response whose `RateLimit` field or `X-RateLimit-*`
-    /// headers say the budget is spent holds its host until the reset (on
-    /// by default; see [`rate_limit_hold`](redislimit::http::rate_limit_hold)).
+    /// headers say the budget is spent holds its host until the reset, and
+    /// one saying little is left spreads the rest up to it (on by default;
+    /// see [`rate_limit_hold`](redislimit::http::rate_limit_hold)).
     pub fn with_rate_limit_headers(self, read: bool) -> Self {
         self.with(|o| o.with_rate_limit_headers(read))
     }
 
-    /// The adaptive backoff for a `429`/`503` without a stated delay and
-    /// any other `5xx` (see [`Backoff`](redislimit::http::Backoff));
+    /// The adaptive backoff for a `429`/`503` without a stated delay, any
+    /// other `5xx`, and an inner service error that is a timeout (tower's
+    /// own or an I/O one) or a refused, reset or cut connection (see
+    /// [`Backoff`](redislimit::http::Backoff) and
+    /// [`is_transport_failure`](redislimit::http::is_transport_failure));
     /// `None` switches it off. On by default.
     pub fn with_backoff(self, backoff: Option<redislimit::http::Backoff>) -> Self {
         self.with(|o| o.with_backoff(backoff))

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::HostKey;
+use crate::{BackoffStep, HostKey, Limiter};
 
 /// Adaptive backoff per host, for the signals that carry no delay: a
 /// `429`/`503` without `Retry-After` (or rate limit headers), any other
@@ -30,9 +30,14 @@ use crate::HostKey;
 /// Heritrix scales the delay with the fetch time through its delay
 /// factor). Both need only the last gap, no latency measurements.
 ///
-/// The gap is kept per process (clones share it); the holds it causes are
-/// shared by every replica through the limiter. Hosts are forgotten once
-/// their gap has narrowed away.
+/// Through a limiter that keeps shared backoff state (the Redis limiter,
+/// see [`Limiter::back_off_host`]) the gap is one per host for every
+/// replica: a bare `503` seen by any replica widens it for all, and any
+/// replica that saw the host backing off narrows it on its successes.
+/// Otherwise (in-process limiters, or Redis unavailable) the gap is kept
+/// in this process (clones share it), and the holds it causes still reach
+/// every replica sharing the limiter. Hosts are forgotten once their gap
+/// has narrowed away.
 #[derive(Clone)]
 pub struct Backoff {
     start: Duration,
@@ -56,31 +61,82 @@ impl Backoff {
         }
     }
 
-    /// An overload signal from `host`: the gap to hold it for now.
+    /// An overload signal from `host`: the gap to hold it for now, kept
+    /// in this process.
     pub fn widen(&self, host: &HostKey) -> Duration {
-        let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
-        if gaps.len() >= MAX_HOSTS && !gaps.contains_key(host) {
-            gaps.clear();
-        }
-        let gap = gaps
-            .get(host)
-            .map_or(self.start, |g| g.saturating_mul(2))
-            .min(self.max);
-        gaps.insert(host.clone(), gap);
-        gap
+        let step = self.step(true);
+        self.move_local(host, step).unwrap_or(self.start)
     }
 
     /// A success from `host`: the narrowed gap to hold it for, while it is
-    /// still backing off; `None` once it is back on its own pacing.
+    /// still backing off; `None` once it is back on its own pacing. Kept
+    /// in this process.
     pub fn narrow(&self, host: &HostKey) -> Option<Duration> {
-        let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
-        let gap = gaps.get(host)?.mul_f64(0.75);
-        if gap < self.start {
-            gaps.remove(host);
-            return None;
+        let step = self.step(false);
+        self.move_local(host, step)
+    }
+
+    /// Moves `host`'s gap one step and holds the host for it: in the
+    /// limiter's shared state when it keeps one (so every replica widens
+    /// and narrows the same gap), else in this process, holding the host
+    /// through the limiter's penalty. Either way this process remembers
+    /// the gap, so its own successes narrow it.
+    pub(crate) async fn shift(
+        &self,
+        limiter: &dyn Limiter,
+        host: &HostKey,
+        widen: bool,
+    ) -> Option<Duration> {
+        let step = self.step(widen);
+        if let Some(shared) = limiter.back_off_host(host.clone(), step)
+            && let Ok(gap) = shared.await
+        {
+            self.remember(host, gap);
+            return gap;
         }
-        gaps.insert(host.clone(), gap);
-        Some(gap)
+        let gap = self.move_local(host, step);
+        if let Some(gap) = gap {
+            // Failures are the limiter's hooks' to report.
+            let _ = limiter.penalize_host(host.clone(), gap).await;
+        }
+        gap
+    }
+
+    fn step(&self, widen: bool) -> BackoffStep {
+        if widen {
+            BackoffStep::Widen {
+                start: self.start,
+                max: self.max,
+            }
+        } else {
+            BackoffStep::Narrow { start: self.start }
+        }
+    }
+
+    fn move_local(&self, host: &HostKey, step: BackoffStep) -> Option<Duration> {
+        let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
+        let gap = step.apply(gaps.get(host).copied());
+        Self::set(&mut gaps, host, gap);
+        gap
+    }
+
+    fn remember(&self, host: &HostKey, gap: Option<Duration>) {
+        let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::set(&mut gaps, host, gap);
+    }
+
+    fn set(gaps: &mut HashMap<HostKey, Duration>, host: &HostKey, gap: Option<Duration>) {
+        match gap {
+            Some(gap) => {
+                if gaps.len() >= MAX_HOSTS && !gaps.contains_key(host) {
+                    gaps.clear();
+                }
+                gaps.insert(host.clone(), gap);
+            }
+            None => {
+                gaps.remove(host);
+            }
+        }
     }
 
     /// Whether `host` is backing off.

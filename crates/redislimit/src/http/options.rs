@@ -2,15 +2,16 @@
 //! limiter itself, shared by the reqwest and tower integrations.
 
 use std::borrow::Cow;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{Extensions, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
-use super::retry_after::penalty_from;
+use super::rate_limit::{Budget, rate_limit_budget};
+use super::retry_after::{penalty_from, retry_after};
 use super::{Engine, MaxWait};
-use crate::HostKey;
+use crate::{HostKey, Limiter};
 
 /// The per-request choices of a pacing middleware: which engine label a
 /// request waits under, how long it may wait, and what a `429`/`503`
@@ -96,43 +97,116 @@ impl PaceOptions {
         self
     }
 
-    /// How long to hold `host` after it answered `status` with `headers`:
-    /// what the response asks for ([`penalty`](Self::penalty)); else, for
-    /// a `429`, `503` or other `5xx`, the backoff's widened gap (no less
-    /// than the default penalty); else, while the host is backing off, the
-    /// narrowed gap. `None` when the host may go on at its pacing.
-    pub fn after_response(
+    /// What `host` answering `status` with `headers` asks of it, to
+    /// [`apply`](Self::apply): what the response states (a `Retry-After` on
+    /// a `429`/`503`, which takes precedence, then a spent or low rate
+    /// limit budget); else, for a `429`, `503` or other `5xx`, a widened
+    /// backoff gap (no less than the default penalty for a `429`/`503`);
+    /// else, while the host is backing off, a narrowed one. `None` when the
+    /// host may go on at its pacing. Cheap: it reads headers only.
+    pub fn react(
         &self,
         host: &HostKey,
         status: StatusCode,
         headers: &HeaderMap,
-    ) -> Option<Duration> {
-        // What the server said: Retry-After, or a spent rate limit.
-        let stated = penalty_from(status, headers, None, self.rate_limit_headers);
-        if stated.is_some() {
-            return stated;
+    ) -> Option<Reaction> {
+        if let Some(signal) = self.stated(status, headers) {
+            return Some(Reaction(Kind::Hold(signal)));
         }
-        let backoff = self.backoff.as_ref();
+        let default = matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        )
+        .then_some(self.default_penalty)
+        .flatten();
         if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-            let widened = backoff.map(|b| b.widen(host));
-            let default = matches!(
-                status,
-                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-            )
-            .then_some(self.default_penalty)
-            .flatten();
-            return widened.max(default);
+            return match self.backoff {
+                Some(_) => Some(Reaction(Kind::Widen { default })),
+                None => default.map(|d| Reaction(Kind::Hold(ServerSignal::DefaultPenalty(d)))),
+            };
         }
-        backoff.and_then(|b| b.narrow(host))
+        let backing_off = self
+            .backoff
+            .as_ref()
+            .is_some_and(|b| b.is_backing_off(host));
+        backing_off.then_some(Reaction(Kind::Narrow))
     }
 
-    /// How long to hold `host` after a request to it failed without a
-    /// response: for a `transport` failure (a timeout, a refused or reset
-    /// connection; see [`is_transport_failure`](super::is_transport_failure)),
-    /// the backoff's widened gap.
-    pub fn after_failure(&self, host: &HostKey, transport: bool) -> Option<Duration> {
-        let backoff = self.backoff.as_ref()?;
-        transport.then(|| backoff.widen(host))
+    /// What a request to a host that failed without a response asks of it:
+    /// for a `transport` failure (a timeout, a refused or reset connection;
+    /// see [`is_transport_failure`](super::is_transport_failure)), a
+    /// widened backoff gap.
+    pub fn react_to_failure(&self, transport: bool) -> Option<Reaction> {
+        (transport && self.backoff.is_some()).then_some(Reaction(Kind::Widen { default: None }))
+    }
+
+    /// Applies `reaction` to `host` through `limiter`: holds the host (as
+    /// [`Limiter::penalize_host`] does, for every replica sharing the
+    /// limiter) and moves its backoff gap, in the limiter's shared state
+    /// when it keeps one ([`Limiter::back_off_host`]) and in this process
+    /// otherwise. Returns what was applied, `None` when nothing was (a
+    /// backoff narrowed away). Failures of the limiter are its hooks' to
+    /// report: the response itself is still good.
+    pub async fn apply(
+        &self,
+        limiter: &dyn Limiter,
+        host: HostKey,
+        reaction: Reaction,
+    ) -> Option<ServerSignal> {
+        let signal = match reaction.0 {
+            Kind::Hold(signal) => {
+                let _ = limiter.penalize_host(host.clone(), signal.hold()).await;
+                signal
+            }
+            Kind::Widen { default } => {
+                let gap = self.backoff.as_ref()?.shift(limiter, &host, true).await?;
+                match default {
+                    Some(penalty) if penalty > gap => {
+                        let _ = limiter.penalize_host(host.clone(), penalty).await;
+                        ServerSignal::DefaultPenalty(penalty)
+                    }
+                    _ => ServerSignal::Backoff(gap),
+                }
+            }
+            Kind::Narrow => {
+                let gap = self.backoff.as_ref()?.shift(limiter, &host, false).await;
+                let Some(gap) = gap else {
+                    tracing::debug!(host = %host, "recovered: back on its own pacing");
+                    return None;
+                };
+                ServerSignal::Recovering(gap)
+            }
+        };
+        let hold_ms = u64::try_from(signal.hold().as_millis()).unwrap_or(u64::MAX);
+        match signal {
+            ServerSignal::Recovering(_) => {
+                tracing::debug!(host = %host, hold_ms, "recovering: backing off less");
+            }
+            _ => {
+                tracing::info!(host = %host, cause = signal.cause(), hold_ms, "upstream asked to back off");
+            }
+        }
+        Some(signal)
+    }
+
+    /// What `status` and `headers` state themselves: `Retry-After` on a
+    /// `429`/`503`, then the rate limit budget.
+    fn stated(&self, status: StatusCode, headers: &HeaderMap) -> Option<ServerSignal> {
+        let now = SystemTime::now();
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) && let Some(delay) = retry_after(headers, now)
+        {
+            return Some(ServerSignal::RetryAfter(delay));
+        }
+        if !self.rate_limit_headers {
+            return None;
+        }
+        match rate_limit_budget(headers, now)? {
+            Budget::Spent(hold) => Some(ServerSignal::BudgetSpent(hold)),
+            Budget::Low(hold) => Some(ServerSignal::BudgetLow(hold)),
+        }
     }
 
     /// How long a response asks its host to be left alone: see
@@ -145,6 +219,72 @@ impl PaceOptions {
             self.default_penalty,
             self.rate_limit_headers,
         )
+    }
+}
+
+/// What a response (or a failed request) asked of its host, computed by
+/// [`PaceOptions::react`]; [`PaceOptions::apply`] carries it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaction(Kind);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A hold the response states, or the default penalty.
+    Hold(ServerSignal),
+    /// Widen the backoff gap, holding the host no less than `default`.
+    Widen { default: Option<Duration> },
+    /// Narrow the backoff gap.
+    Narrow,
+}
+
+/// What a host asked for and the hold it got: what a pacing middleware
+/// applied after a response, also put in the response's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerSignal {
+    /// A `Retry-After` on a `429` or `503`: held for its delay.
+    RetryAfter(Duration),
+    /// Rate limit headers saying the budget is spent: held until the reset.
+    BudgetSpent(Duration),
+    /// Rate limit headers saying little budget is left: held for the gap
+    /// that spreads the rest up to the reset.
+    BudgetLow(Duration),
+    /// A `429` or `503` without a stated delay: held for the configured
+    /// default penalty (longer than the backoff gap, or backoff off).
+    DefaultPenalty(Duration),
+    /// An overload signal without a stated delay (a bare `429`/`503`,
+    /// another `5xx`, a transport failure): held for the widened backoff
+    /// gap.
+    Backoff(Duration),
+    /// A success while backing off: held for the narrowed gap.
+    Recovering(Duration),
+}
+
+impl ServerSignal {
+    /// How long the host was held for.
+    pub fn hold(self) -> Duration {
+        match self {
+            Self::RetryAfter(d)
+            | Self::BudgetSpent(d)
+            | Self::BudgetLow(d)
+            | Self::DefaultPenalty(d)
+            | Self::Backoff(d)
+            | Self::Recovering(d) => d,
+        }
+    }
+
+    /// A short name of the cause, for logs and reports: `retry-after`,
+    /// `budget-spent`, `budget-low`, `default-penalty`, `backoff` or
+    /// `recovering`.
+    pub fn cause(self) -> &'static str {
+        match self {
+            Self::RetryAfter(_) => "retry-after",
+            Self::BudgetSpent(_) => "budget-spent",
+            Self::BudgetLow(_) => "budget-low",
+            Self::DefaultPenalty(_) => "default-penalty",
+            Self::Backoff(_) => "backoff",
+            Self::Recovering(_) => "recovering",
+        }
     }
 }
 
@@ -190,57 +330,121 @@ mod tests {
         assert_eq!(options.engine(&extensions).as_str(), "search");
     }
 
-    #[test]
-    fn overload_without_a_stated_delay_backs_off_and_success_narrows() {
+    /// Reacts to `status` (no headers) and applies it through `limiter`.
+    async fn answer(
+        options: &PaceOptions,
+        limiter: &crate::DomainLimiter,
+        host: &HostKey,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<ServerSignal> {
+        let reaction = options.react(host, status, headers)?;
+        options.apply(limiter, host.clone(), reaction).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overload_without_a_stated_delay_backs_off_and_success_narrows() {
+        let limiter = crate::DomainLimiter::new(crate::Pacing::default());
         let host = HostKey::parse("http://a.test/").unwrap();
         let options = PaceOptions::default().with_default_penalty(Duration::from_millis(1500));
         let none = HeaderMap::new();
         let s = Duration::from_secs;
-        // A 500 widens from 1 s; a 503 widens to 2 s; a 429 to 4 s.
+        let answer = |status: u16, headers: &HeaderMap, options: &PaceOptions, host: &HostKey| {
+            let status = StatusCode::from_u16(status).unwrap();
+            let (options, host, headers) = (options.clone(), host.clone(), headers.clone());
+            let limiter = &limiter;
+            async move { answer(&options, limiter, &host, status, &headers).await }
+        };
+        // A 500 widens from 1 s; a 503 to 2 s; a 429 to 4 s. A 503 below
+        // the default penalty gets the penalty.
         assert_eq!(
-            options.after_response(&host, StatusCode::INTERNAL_SERVER_ERROR, &none),
-            Some(s(1))
+            answer(500, &none, &options, &host).await,
+            Some(ServerSignal::Backoff(s(1)))
+        );
+        let fresh = HostKey::parse("http://c.test/").unwrap();
+        assert_eq!(
+            answer(503, &none, &options, &fresh).await,
+            Some(ServerSignal::DefaultPenalty(Duration::from_millis(1500)))
         );
         assert_eq!(
-            options.after_response(&host, StatusCode::SERVICE_UNAVAILABLE, &none),
-            Some(s(2))
+            answer(503, &none, &options, &host).await,
+            Some(ServerSignal::Backoff(s(2)))
         );
         assert_eq!(
-            options.after_response(&host, StatusCode::TOO_MANY_REQUESTS, &none),
-            Some(s(4))
+            answer(429, &none, &options, &host).await,
+            Some(ServerSignal::Backoff(s(4)))
         );
+        // The limiter holds the host for it.
+        let start = Instant::now();
+        limiter
+            .acquire_host("t", host.clone(), None)
+            .await
+            .unwrap()
+            .release();
+        assert_eq!(start.elapsed(), s(4));
         // A stated delay wins and leaves the gap alone.
         let mut stated = HeaderMap::new();
         stated.insert(http::header::RETRY_AFTER, "7".parse().unwrap());
         assert_eq!(
-            options.after_response(&host, StatusCode::TOO_MANY_REQUESTS, &stated),
-            Some(s(7))
+            answer(429, &stated, &options, &host).await,
+            Some(ServerSignal::RetryAfter(s(7)))
         );
         // Successes narrow it by a quarter each, down to the host's pacing.
         assert_eq!(
-            options.after_response(&host, StatusCode::OK, &none),
-            Some(s(3))
+            answer(200, &none, &options, &host).await,
+            Some(ServerSignal::Recovering(s(3)))
         );
         assert_eq!(
-            options.after_response(&host, StatusCode::NOT_FOUND, &none),
-            Some(Duration::from_millis(2250))
+            answer(404, &none, &options, &host).await,
+            Some(ServerSignal::Recovering(Duration::from_millis(2250)))
         );
+        // A host that is not backing off costs nothing on success.
+        let other = HostKey::parse("http://b.test/").unwrap();
+        assert_eq!(options.react(&other, StatusCode::OK, &none), None);
         // Without backoff: only the default penalty, and only for 429/503.
         let off = options.clone().with_backoff(None);
-        let other = HostKey::parse("http://b.test/").unwrap();
         assert_eq!(
-            off.after_response(&other, StatusCode::INTERNAL_SERVER_ERROR, &none),
+            off.react(&other, StatusCode::INTERNAL_SERVER_ERROR, &none),
             None
         );
         assert_eq!(
-            off.after_response(&other, StatusCode::SERVICE_UNAVAILABLE, &none),
-            Some(Duration::from_millis(1500))
+            answer(503, &none, &off, &other).await,
+            Some(ServerSignal::DefaultPenalty(Duration::from_millis(1500)))
         );
-        assert_eq!(off.after_response(&other, StatusCode::OK, &none), None);
+        assert_eq!(off.react(&other, StatusCode::OK, &none), None);
         // A transport failure widens; another error does not.
-        assert_eq!(options.after_failure(&other, true), Some(s(1)));
-        assert_eq!(options.after_failure(&other, false), None);
-        assert_eq!(off.after_failure(&other, true), None);
+        let reaction = options.react_to_failure(true).unwrap();
+        assert_eq!(
+            options.apply(&limiter, other.clone(), reaction).await,
+            Some(ServerSignal::Backoff(s(1)))
+        );
+        assert_eq!(options.react_to_failure(false), None);
+        assert_eq!(off.react_to_failure(true), None);
+    }
+
+    #[test]
+    fn a_low_budget_is_spread_and_a_spent_one_held_until_the_reset() {
+        let host = HostKey::parse("http://a.test/").unwrap();
+        let options = PaceOptions::default();
+        let mut headers = HeaderMap::new();
+        headers.insert("ratelimit", r#""api";r=4;t=20"#.parse().unwrap());
+        headers.insert("ratelimit-policy", r#""api";q=100;w=60"#.parse().unwrap());
+        assert_eq!(
+            options.react(&host, StatusCode::OK, &headers),
+            Some(Reaction(Kind::Hold(ServerSignal::BudgetLow(
+                Duration::from_secs(5)
+            ))))
+        );
+        headers.insert("ratelimit", r#""api";r=0;t=20"#.parse().unwrap());
+        assert_eq!(
+            options.react(&host, StatusCode::OK, &headers),
+            Some(Reaction(Kind::Hold(ServerSignal::BudgetSpent(
+                Duration::from_secs(20)
+            ))))
+        );
+        // Switched off: a 200 asks nothing.
+        let off = options.with_rate_limit_headers(false);
+        assert_eq!(off.react(&host, StatusCode::OK, &headers), None);
     }
 
     #[test]

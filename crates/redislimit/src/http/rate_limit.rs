@@ -7,24 +7,35 @@ use http::{HeaderMap, header};
 
 use super::retry_after::response_date;
 
-/// How long a response asks its host to be left alone because its rate
-/// limit budget is spent, or `None` when it says nothing usable.
+/// How long a response asks its host to be left alone because of its
+/// rate limit budget, or `None` when it says nothing usable: until the
+/// reset when the budget is spent, or the budget left spread over the time
+/// to its reset when little is left (see [`Budget`]).
 ///
-/// Read, in this order (the first that says "spent" decides):
+/// Read, in this order (the first that says anything decides):
 ///
-/// | header | budget left | resets |
-/// |---|---|---|
-/// | `RateLimit: "name";r=R;t=T` (draft-ietf-httpapi-ratelimit-headers, a structured field list) | `r` | `t` seconds from now |
-/// | `X-RateLimit-Remaining` + `X-RateLimit-Reset-After` (Discord) | remaining | fractional seconds from now |
-/// | `X-RateLimit-Remaining` + `X-RateLimit-Reset` (GitHub: epoch seconds; Reddit: seconds from now) | remaining | epoch or delta, see below |
-/// | `RateLimit-Remaining` + `RateLimit-Reset` (GitLab: epoch seconds) | remaining | epoch or delta |
-/// | `X-Rate-Limit-Remaining` + `X-Rate-Limit-Reset` (X/Twitter: epoch seconds) | remaining | epoch or delta |
+/// | header | limit | budget left | resets |
+/// |---|---|---|---|
+/// | `RateLimit: "name";r=R;t=T` with `RateLimit-Policy: "name";q=Q;w=W` (draft-ietf-httpapi-ratelimit-headers, structured field lists) | `q` of the policy of the same name | `r` | `t` seconds from now |
+/// | `X-RateLimit-Remaining` + `X-RateLimit-Reset-After` (Discord) | `X-RateLimit-Limit` | remaining | fractional seconds from now |
+/// | `X-RateLimit-Remaining` + `X-RateLimit-Reset` (GitHub: epoch seconds; Reddit: seconds from now) | `X-RateLimit-Limit` | remaining | epoch or delta, see below |
+/// | `RateLimit-Remaining` + `RateLimit-Reset` (GitLab: epoch seconds) | `RateLimit-Limit` | remaining | epoch or delta |
+/// | `X-Rate-Limit-Remaining` + `X-Rate-Limit-Reset` (X/Twitter: epoch seconds) | `X-Rate-Limit-Limit` | remaining | epoch or delta |
 ///
-/// A budget is spent when what is left is `0`; the hold lasts until its
-/// reset. A reset that is a plausible Unix time (no earlier than a year
-/// before the response's `Date`, or `now` without one) is an instant,
-/// measured against that `Date`; a smaller number is a delay. In the
-/// `RateLimit` list the longest hold of the spent policies wins.
+/// A budget is spent when what is left is `0`: the hold lasts until its
+/// reset. It is low when what is left is more than `0` but at most a tenth
+/// of a known limit: the hold is the time to the reset divided by what is
+/// left, so the rest of the budget is spread evenly up to the reset
+/// instead of spent in a burst (and then waited out). A hold only ever
+/// slows a host below its own pacing, never speeds it up. Without a known
+/// limit, only a spent budget holds.
+///
+/// A reset that is a plausible Unix time (no earlier than a year before
+/// the response's `Date`, or `now` without one) is an instant, measured
+/// against that `Date`; a smaller number is a delay. In the `RateLimit`
+/// list the longest hold among its policies wins; a `pk` (partition key)
+/// is not used, since every partition of a host counts against that
+/// host's pacing.
 ///
 /// Following the draft's client rules, malformed fields are ignored (a
 /// list that fails to parse as a structured field says nothing), and a
@@ -42,41 +53,95 @@ use super::retry_after::response_date;
 /// headers.insert("ratelimit", r#""default";r=0;t=30"#.parse().unwrap());
 /// assert_eq!(rate_limit_hold(&headers, SystemTime::now()), Some(Duration::from_secs(30)));
 ///
+/// // 5 left of 100, resetting in 10 s: one every 2 s.
+/// headers.insert("ratelimit", r#""default";r=5;t=10"#.parse().unwrap());
+/// headers.insert("ratelimit-policy", r#""default";q=100;w=60"#.parse().unwrap());
+/// assert_eq!(rate_limit_hold(&headers, SystemTime::now()), Some(Duration::from_secs(2)));
+///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("x-ratelimit-remaining", "0".parse().unwrap());
 /// headers.insert("x-ratelimit-reset-after", "1.5".parse().unwrap());
 /// assert_eq!(rate_limit_hold(&headers, SystemTime::now()), Some(Duration::from_millis(1500)));
 /// ```
 pub fn rate_limit_hold(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    rate_limit_budget(headers, now).map(Budget::hold)
+}
+
+/// What a response's rate limit headers say about its host's budget,
+/// as [`rate_limit_hold`] reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// Nothing is left: the host is held until the reset, this far away.
+    Spent(Duration),
+    /// Little is left: the host is held for this gap, the time to the
+    /// reset divided by what is left.
+    Low(Duration),
+}
+
+impl Budget {
+    /// How long the host is held for.
+    pub fn hold(self) -> Duration {
+        match self {
+            Self::Spent(hold) | Self::Low(hold) => hold,
+        }
+    }
+}
+
+/// [`rate_limit_hold`], telling a spent budget from a low one.
+pub fn rate_limit_budget(headers: &HeaderMap, now: SystemTime) -> Option<Budget> {
     if cached(headers) {
         return None;
     }
-    if let Some(hold) = ietf_hold(headers) {
-        return Some(hold);
+    if let Some(budget) = ietf_budget(headers) {
+        return Some(budget);
     }
     let reference = response_date(headers).unwrap_or(now);
-    let vendors: [(&str, &str, Reset); 4] = [
+    let vendors: [(&str, &str, &str, Reset); 4] = [
         (
+            "x-ratelimit-limit",
             "x-ratelimit-remaining",
             "x-ratelimit-reset-after",
             Reset::Delay,
         ),
-        ("x-ratelimit-remaining", "x-ratelimit-reset", Reset::Either),
-        ("ratelimit-remaining", "ratelimit-reset", Reset::Either),
         (
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            Reset::Either,
+        ),
+        (
+            "ratelimit-limit",
+            "ratelimit-remaining",
+            "ratelimit-reset",
+            Reset::Either,
+        ),
+        (
+            "x-rate-limit-limit",
             "x-rate-limit-remaining",
             "x-rate-limit-reset",
             Reset::Either,
         ),
     ];
-    vendors.into_iter().find_map(|(remaining, reset, kind)| {
-        if number(headers, remaining)? != 0.0 {
-            return None;
-        }
-        let reset = number(headers, reset)?;
-        kind.hold(reset, reference)
-    })
+    vendors
+        .into_iter()
+        .find_map(|(limit, remaining, reset, kind)| {
+            let left = number(headers, remaining)?;
+            let reset = kind.hold(number(headers, reset)?, reference)?;
+            judge(left, number(headers, limit), reset)
+        })
 }
+
+/// The budget `left` of `limit`, resetting in `reset`.
+fn judge(left: f64, limit: Option<f64>, reset: Duration) -> Option<Budget> {
+    if left == 0.0 {
+        return Some(Budget::Spent(reset));
+    }
+    let low = limit.is_some_and(|limit| left * LOW_FRACTION <= limit);
+    low.then(|| Budget::Low(reset.div_f64(left.max(1.0))))
+}
+
+/// A budget is low when what is left is at most a tenth of the limit.
+const LOW_FRACTION: f64 = 10.0;
 
 /// How a vendor's reset header counts.
 #[derive(Debug, Clone, Copy)]
@@ -103,10 +168,12 @@ impl Reset {
     }
 }
 
-/// The longest hold among the spent policies of an IETF `RateLimit` field.
-fn ietf_hold(headers: &HeaderMap) -> Option<Duration> {
-    let mut longest: Option<Duration> = None;
-    for value in headers.get_all("ratelimit") {
+/// The items of the structured field lists in every `name` header, with
+/// their names (a string or a token); a line that does not parse is
+/// skipped whole.
+fn sf_items(headers: &HeaderMap, name: &str) -> Vec<(String, sfv::Parameters)> {
+    let mut items = Vec::new();
+    for value in headers.get_all(name) {
         let Ok(text) = value.to_str() else { continue };
         let Ok(list) = sfv::Parser::new(text).parse::<sfv::List>() else {
             continue;
@@ -115,24 +182,45 @@ fn ietf_hold(headers: &HeaderMap) -> Option<Duration> {
             let sfv::ListEntry::Item(item) = entry else {
                 continue;
             };
-            let int = |key: &str| {
-                item.params
-                    .get(key)
-                    .and_then(sfv::BareItem::as_integer)
-                    .map(i64::from)
+            let name = match &item.bare_item {
+                sfv::BareItem::String(s) => s.as_str().to_owned(),
+                sfv::BareItem::Token(t) => t.as_str().to_owned(),
+                _ => continue,
             };
-            let (Some(remaining), Some(reset)) = (int("r"), int("t")) else {
-                continue;
-            };
-            if remaining == 0 && reset > 0 {
-                let hold = Duration::from_secs(reset.unsigned_abs());
-                longest = Some(longest.map_or(hold, |l| l.max(hold)));
-            }
+            items.push((name, item.params));
         }
     }
-    longest
+    items
 }
 
+/// A non-negative integer parameter.
+fn param(params: &sfv::Parameters, key: &str) -> Option<u64> {
+    let n = i64::from(params.get(key)?.as_integer()?);
+    u64::try_from(n).ok()
+}
+
+/// The longest hold among the policies of an IETF `RateLimit` field, each
+/// judged against the quota of the `RateLimit-Policy` of the same name.
+fn ietf_budget(headers: &HeaderMap) -> Option<Budget> {
+    let policies = sf_items(headers, "ratelimit-policy");
+    let quota = |name: &str| {
+        policies
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, p)| param(p, "q"))
+    };
+    sf_items(headers, "ratelimit")
+        .into_iter()
+        .filter_map(|(name, params)| {
+            let (left, reset) = (param(&params, "r")?, param(&params, "t")?);
+            if reset == 0 {
+                return None;
+            }
+            let limit = quota(&name).map(|q| q as f64);
+            judge(left as f64, limit, Duration::from_secs(reset))
+        })
+        .max_by_key(|b| b.hold())
+}
 /// Whether the response came from a cache (`Age` above zero).
 fn cached(headers: &HeaderMap) -> bool {
     headers
@@ -191,6 +279,62 @@ mod tests {
         assert_eq!(h(r#"default r=0 t=10"#), None);
         assert_eq!(h(r#""default";r=0;t=-5"#), None);
         assert_eq!(h(r#""default";r=0"#), None);
+    }
+
+    #[test]
+    fn a_low_budget_is_spread_up_to_the_reset() {
+        let now = SystemTime::now();
+        let ietf = |r: &str, policy: &str| {
+            rate_limit_budget(
+                &headers(&[("ratelimit", r), ("ratelimit-policy", policy)]),
+                now,
+            )
+        };
+        let policy = r#""hour";q=1000;w=3600, "burst";q=20;w=10"#;
+        // 50 of 1,000 left for 600 s: one every 12 s.
+        assert_eq!(
+            ietf(r#""hour";r=50;t=600"#, policy),
+            Some(Budget::Low(Duration::from_secs(12)))
+        );
+        // 101 left is more than a tenth: no hold.
+        assert_eq!(ietf(r#""hour";r=101;t=600"#, policy), None);
+        // Matched by name: 2 of the burst's 20 (a tenth) for 4 s.
+        assert_eq!(
+            ietf(r#""hour";r=900;t=600, "burst";r=2;t=4"#, policy),
+            Some(Budget::Low(Duration::from_secs(2)))
+        );
+        // The longest hold wins, a spent one among them.
+        assert_eq!(
+            ietf(r#""hour";r=0;t=1, "burst";r=2;t=4"#, policy),
+            Some(Budget::Low(Duration::from_secs(2)))
+        );
+        assert_eq!(
+            ietf(r#""hour";r=0;t=30, "burst";r=2;t=4"#, policy),
+            Some(Budget::Spent(Duration::from_secs(30)))
+        );
+        // No policy of that name, or a malformed one: only spent holds.
+        assert_eq!(ietf(r#""day";r=1;t=600"#, policy), None);
+        assert_eq!(ietf(r#""hour";r=1;t=600"#, "hour q=1000"), None);
+        // Vendor headers with a limit.
+        let github = headers(&[
+            ("date", DATE),
+            ("x-ratelimit-limit", "5000"),
+            ("x-ratelimit-remaining", "100"),
+            ("x-ratelimit-reset", &(EPOCH + 300).to_string()),
+        ]);
+        assert_eq!(
+            rate_limit_budget(&github, now),
+            Some(Budget::Low(Duration::from_secs(3)))
+        );
+        let discord = headers(&[
+            ("x-ratelimit-limit", "5"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset-after", "0.5"),
+        ]);
+        assert_eq!(
+            rate_limit_budget(&discord, now),
+            Some(Budget::Spent(Duration::from_millis(500)))
+        );
     }
 
     #[test]
@@ -265,6 +409,26 @@ mod tests {
 
     proptest! {
         #[test]
+        fn well_formed_fields_never_hold_past_their_reset(
+            r in -1_000_000_000_000_000i64..1_000_000_000_000_000,
+            t in -1_000_000_000_000_000i64..1_000_000_000_000_000,
+            q in -1_000_000_000_000_000i64..1_000_000_000_000_000,
+        ) {
+            let map = headers(&[
+                ("ratelimit", &format!(r#""p";r={r};t={t}"#)),
+                ("ratelimit-policy", &format!(r#""p";q={q};w=60"#)),
+            ]);
+            let budget = rate_limit_budget(&map, SystemTime::now());
+            if r < 0 || t <= 0 {
+                prop_assert_eq!(budget, None);
+            }
+            if let Some(budget) = budget {
+                prop_assert!(budget.hold() <= Duration::from_secs(t.unsigned_abs()));
+                prop_assert_eq!(matches!(budget, Budget::Spent(_)), r == 0);
+            }
+        }
+
+        #[test]
         fn never_panics(
             ietf in "[ -~]{0,60}",
             remaining in "[ -~]{0,12}",
@@ -274,6 +438,8 @@ mod tests {
             let mut map = HeaderMap::new();
             for (name, value) in [
                 ("ratelimit", ietf.as_str()),
+                ("ratelimit-policy", ietf.as_str()),
+                ("x-ratelimit-limit", remaining.as_str()),
                 ("x-ratelimit-remaining", remaining.as_str()),
                 ("x-ratelimit-reset", reset.as_str()),
                 ("x-ratelimit-reset-after", reset.as_str()),

@@ -16,12 +16,12 @@ use super::circuit::Circuit;
 use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
 use super::registry::{FallbackPolicy, Registry, RegistryPlan};
-use super::script::{ACQUIRE, ADOPT, PENALIZE, RELEASE};
+use super::script::{ACQUIRE, ADOPT, BACKOFF, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
 use crate::{
-    BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey, Limiter,
-    NoHooks, Op, Pacing, Permit, Spacing, WaitOutcome,
+    BackoffStep, BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey,
+    Limiter, NoHooks, Op, Pacing, Permit, Spacing, WaitOutcome,
 };
 
 /// Paces requests per host with the state held in Redis, so every replica
@@ -557,6 +557,16 @@ impl Limiter for RedisLimiter {
     ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
         Box::pin(self.shared.adopt(host, ago))
     }
+
+    /// Kept in the host's gate hash (its `backoff` field), so every
+    /// replica widens and narrows the same gap.
+    fn back_off_host<'a>(
+        &'a self,
+        host: HostKey,
+        step: BackoffStep,
+    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+        Some(Box::pin(self.shared.back_off(host, step)))
+    }
 }
 
 /// What the acquire script answered.
@@ -945,6 +955,50 @@ impl Shared {
             Err(e) => {
                 let err = unavailable(Op::Penalize, e);
                 tracing::warn!(host = %host, error = %crate::Causes(&err), "penalize failed");
+                self.hooks.on_error(Op::Penalize, &err);
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// [`Limiter::back_off_host`]: one run of `backoff.lua`.
+    async fn back_off(
+        self: &Arc<Self>,
+        host: HostKey,
+        step: BackoffStep,
+    ) -> Result<Option<Duration>, Error> {
+        let cap = self.pacing.max_penalty();
+        let (code, start, max) = match step {
+            BackoffStep::Widen { start, max } => (1, start, max.min(cap)),
+            BackoffStep::Narrow { start } => (2, start, cap),
+        };
+        let us = |d: Duration| d.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
+        // A gap of zero could never widen.
+        let (start_us, max_us) = (us(start).max(1), us(max).max(1));
+        if self.circuit.open() {
+            return Err(circuit_open(Op::Penalize));
+        }
+        let keys = RedisKeys::new(&self.prefix, &self.scope, &host);
+        let result = BACKOFF
+            .run::<i64>(&self.redis, &[keys.gate.as_str()], |cmd: &mut Cmd| {
+                cmd.arg(code)
+                    .arg(start_us)
+                    .arg(max_us)
+                    .arg(self.lease_ttl_us);
+            })
+            .await;
+        self.circuit.observe(&result);
+        match result {
+            Ok(gap_us) => {
+                let gap = (gap_us > 0).then(|| Duration::from_micros(gap_us.unsigned_abs()));
+                tracing::debug!(host = %host, gap_us, "backoff moved");
+                Ok(gap)
+            }
+            Err(e) => {
+                let err = unavailable(Op::Penalize, e);
+                tracing::warn!(host = %host, error = %crate::Causes(&err), "backoff failed");
                 self.hooks.on_error(Op::Penalize, &err);
                 Err(err)
             }

@@ -61,6 +61,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = script!("acquire.lua");
 pub(crate) static RELEASE: LazyLock<LuaScript> = script!("release.lua");
 pub(crate) static RENEW: LazyLock<LuaScript> = script!("renew.lua");
 pub(crate) static PENALIZE: LazyLock<LuaScript> = script!("penalize.lua");
+pub(crate) static BACKOFF: LazyLock<LuaScript> = script!("backoff.lua");
 pub(crate) static AGREE: LazyLock<LuaScript> = script!("agree.lua");
 pub(crate) static REGISTER: LazyLock<LuaScript> = script!("register.lua");
 pub(crate) static ADOPT: LazyLock<LuaScript> = script!("adopt.lua");

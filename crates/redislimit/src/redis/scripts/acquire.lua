@@ -1,7 +1,8 @@
 -- acquire.lua: admit one request to a host, or say how long to wait.
 --
 -- KEYS[1] gate    HASH  next (no send before, µs), holder + busy (serialized
---                       mode: the token sending now and its lease deadline)
+--                       mode: the token sending now and its lease deadline),
+--                       backoff (the adaptive backoff gap, µs; backoff.lua)
 -- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only
 -- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only
 -- KEYS[4] void    ZSET  token -> expiry (µs): acquires abandoned before
