@@ -5,6 +5,7 @@
 //! Every URL must end exactly once, with a status or a reported error.
 
 mod backoff;
+mod budgets;
 mod cli;
 mod faults;
 mod lifecycle;

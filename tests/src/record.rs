@@ -13,6 +13,8 @@ pub struct Request {
     pub replica: usize,
     /// The path and query it asked for (empty when not an HTTP request).
     pub path: String,
+    /// The status it was answered with (`200` when not an HTTP request).
+    pub status: u16,
     /// When it arrived.
     pub send: Instant,
     /// When its response was complete.
@@ -37,6 +39,7 @@ impl Recorder {
             host: host.to_owned(),
             replica,
             path: String::new(),
+            status: 200,
             send,
             end,
         });
@@ -123,6 +126,7 @@ mod tests {
             host: "h".into(),
             replica: 0,
             path: String::new(),
+            status: 200,
             send: base + Duration::from_millis(send_ms),
             end: base + Duration::from_millis(end_ms),
         }

@@ -41,6 +41,11 @@ use crate::record::{Recorder, Request};
 /// - `/robots.txt`: what [`Upstream::set_robots`] set for the host, else `404`;
 /// - `/outage?until=MS`: `503` without `Retry-After` until the Unix time `MS` (ms);
 /// - `/headers?set=NAME:VALUE&...`: `200` with those headers (see [`Upstream::headers_url`]);
+/// - `/budget?style=S&limit=N&window=MS`: a rate limit of `N` requests per
+///   host per fixed window of `MS` ms (aligned to the Unix clock), told in
+///   headers of style `S` (`ietf`: `RateLimit` and `RateLimit-Policy`;
+///   `github`: `X-RateLimit-*` with an epoch `X-RateLimit-Reset` and a
+///   `Date`); beyond it `429` without `Retry-After` (see [`Upstream::windows`]);
 /// - anything else: `200 ok`.
 ///
 /// Stops when dropped.
@@ -50,8 +55,12 @@ pub struct Upstream {
     recorder: Arc<Recorder>,
     arrivals: Arc<AtomicUsize>,
     robots: Robots,
+    budgets: Budgets,
     server: JoinHandle<()>,
 }
+
+/// The `/budget` windows per host: window index -> (admitted, refused).
+type Budgets = Arc<Mutex<HashMap<String, std::collections::BTreeMap<u64, (u64, u64)>>>>;
 
 /// The `/robots.txt` answer per host: status and body.
 type Robots = Arc<Mutex<HashMap<String, (u16, String)>>>;
@@ -66,23 +75,30 @@ impl Upstream {
         let recorder = Arc::new(Recorder::new());
         let arrivals = Arc::new(AtomicUsize::new(0));
         let robots = Robots::default();
-        let (rec, arrived, robots_) = (
+        let budgets = Budgets::default();
+        let (rec, arrived, robots_, budgets_) = (
             Arc::clone(&recorder),
             Arc::clone(&arrivals),
             Arc::clone(&robots),
+            Arc::clone(&budgets),
         );
         let server = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (rec, arrived, robots) =
-                    (Arc::clone(&rec), Arc::clone(&arrived), Arc::clone(&robots_));
+                let (rec, arrived, robots, budgets) = (
+                    Arc::clone(&rec),
+                    Arc::clone(&arrived),
+                    Arc::clone(&robots_),
+                    Arc::clone(&budgets_),
+                );
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
                         arrived.fetch_add(1, Ordering::SeqCst);
-                        let (rec, robots) = (Arc::clone(&rec), Arc::clone(&robots));
-                        async move { Ok::<_, Infallible>(answer(req, rec, &robots)) }
+                        let (rec, robots, budgets) =
+                            (Arc::clone(&rec), Arc::clone(&robots), Arc::clone(&budgets));
+                        async move { Ok::<_, Infallible>(answer(req, rec, &robots, &budgets)) }
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -95,8 +111,28 @@ impl Upstream {
             recorder,
             arrivals,
             robots,
+            budgets,
             server,
         }
+    }
+
+    /// What `/budget` counted for `host`: per window from the first it
+    /// saw a request in to the last (those without any included), the
+    /// requests it admitted and those it refused with `429`.
+    pub fn windows(&self, host: &str) -> Vec<(u64, u64)> {
+        let budgets = self
+            .budgets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(windows) = budgets.get(host) else {
+            return Vec::new();
+        };
+        let (Some(first), Some(last)) = (windows.keys().next(), windows.keys().next_back()) else {
+            return Vec::new();
+        };
+        (*first..=*last)
+            .map(|i| windows.get(&i).copied().unwrap_or_default())
+            .collect()
     }
 
     /// What `/robots.txt` on `host` answers from now on (by default `404`).
@@ -159,6 +195,7 @@ fn answer(
     req: http::Request<Incoming>,
     recorder: Arc<Recorder>,
     robots: &Robots,
+    budgets: &Budgets,
 ) -> Response<Recorded> {
     let arrived = Instant::now();
     let host = req
@@ -243,6 +280,53 @@ fn answer(
             }
             Chunks::new(1, Duration::ZERO)
         }
+        "/budget" => {
+            let limit = number("limit").unwrap_or(5);
+            let window = number("window").unwrap_or(2000).max(1);
+            let now = SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let now_ms = now.as_millis() as u64;
+            let index = now_ms / window;
+            let end_ms = (index + 1) * window;
+            let mut budgets = budgets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let counts = budgets
+                .entry(host.clone())
+                .or_default()
+                .entry(index)
+                .or_default();
+            let admitted = counts.0 < limit;
+            if admitted {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
+                response = response.status(StatusCode::TOO_MANY_REQUESTS);
+            }
+            let left = limit - counts.0;
+            match query(&req, "style").as_deref() {
+                Some("github") => {
+                    response = response
+                        .header(header::DATE, httpdate::fmt_http_date(SystemTime::now()))
+                        .header("x-ratelimit-limit", limit)
+                        .header("x-ratelimit-remaining", left)
+                        .header("x-ratelimit-used", counts.0)
+                        .header("x-ratelimit-reset", end_ms.div_ceil(1000));
+                }
+                _ => {
+                    // Whole seconds, rounded up: never before the reset.
+                    let t = (end_ms - now_ms).div_ceil(1000);
+                    response = response
+                        .header("ratelimit", format!(r#""default";r={left};t={t}"#))
+                        .header(
+                            "ratelimit-policy",
+                            format!(r#""default";q={limit};w={}"#, window.div_ceil(1000)),
+                        );
+                }
+            }
+            Chunks::new(1, Duration::ZERO)
+        }
         "/loop" => {
             // Redirects to itself, query and all.
             let own = req.uri().path_and_query().map(|p| p.to_string());
@@ -281,15 +365,21 @@ fn answer(
                 host,
                 replica,
                 path,
+                status: 200,
                 send: arrived,
                 end: arrived,
             },
             recorder,
         )),
     };
-    response
+    let mut response = response
         .body(body)
-        .unwrap_or_else(|_| Response::new(Recorded::empty()))
+        .unwrap_or_else(|_| Response::new(Recorded::empty()));
+    let status = response.status().as_u16();
+    if let Some((request, _)) = &mut response.body_mut().record {
+        request.status = status;
+    }
+    response
 }
 
 /// A response body that records the request when it ends or is dropped.
