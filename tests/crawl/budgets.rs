@@ -12,21 +12,44 @@ const LIMIT: u64 = 5;
 const HOSTS: [&str; 2] = ["a.test", "b.test"];
 const PER_HOST: usize = 20;
 
-async fn crawl_within_budget(style: &str) {
-    let _turn = crate::one_at_a_time().await;
+/// Two replicas crawl `PER_HOST` URLs of each host against the budget
+/// upstream in `style`, with `extra` flags; returns the upstream and the
+/// report lines.
+async fn crawl(style: &str, extra: &[&str]) -> (Upstream, Vec<serde_json::Value>) {
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let path = format!("/budget?style={style}&limit={LIMIT}&window=2000");
     let list = crate::urls(&upstream, &HOSTS, PER_HOST, &path);
-    let args = ["--redis", &server.url(), "--min-delay", "20ms"];
+    let url = server.url();
+    let mut args = vec!["--redis", url.as_str(), "--min-delay", "20ms"];
+    args.extend(extra);
     let lines = finish(spawn_all(dir.path(), &upstream, &list, 2, &args)).await;
     assert_eq!(lines.len(), HOSTS.len() * PER_HOST);
+    (upstream, lines)
+}
+
+async fn crawl_within_budget(style: &str) {
+    let _turn = crate::one_at_a_time().await;
+    let (upstream, lines) = crawl(style, &[]).await;
+    // The report says why hosts were held.
+    let spent = lines
+        .iter()
+        .filter(|l| l["asked"] == "budget-spent")
+        .count();
+    assert!(
+        spent >= HOSTS.len(),
+        "{spent} responses reported a spent budget"
+    );
 
     for host in HOSTS {
         let seen = upstream.recorder().host(host);
         let refused: Vec<_> = seen.iter().filter(|r| r.status == 429).collect();
-        assert!(refused.is_empty(), "{host}: {} requests refused", refused.len());
+        assert!(
+            refused.is_empty(),
+            "{host}: {} requests refused",
+            refused.len()
+        );
         assert!(
             seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1),
             "{host}: both replicas fetched it"
@@ -58,4 +81,24 @@ async fn ietf_ratelimit_fields_keep_two_replicas_within_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn github_ratelimit_headers_keep_two_replicas_within_the_budget() {
     crawl_within_budget("github").await;
+}
+
+/// The test of the test: the same crawl not reading the headers (the bare
+/// 429s still back off) is refused by the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_reading_the_headers_the_same_crawl_is_refused() {
+    let _turn = crate::one_at_a_time().await;
+    let (upstream, _) = crawl("ietf", &["--no-rate-limit-headers"]).await;
+    let refused: usize = HOSTS
+        .iter()
+        .map(|h| {
+            upstream
+                .recorder()
+                .host(h)
+                .iter()
+                .filter(|r| r.status == 429)
+                .count()
+        })
+        .sum();
+    assert!(refused > 0, "no request was refused");
 }

@@ -93,9 +93,17 @@ pub struct Args {
     /// Switch off the adaptive backoff: by default a 429/503 without
     /// `Retry-After`, another 5xx, a timeout or a refused or reset
     /// connection widens the host's gap (1 s, doubling per signal, up to
-    /// `--max-penalty`) and successes narrow it back (x0.75 each).
+    /// `--max-penalty`) and successes narrow it back (x0.75 each); with
+    /// Redis, one gap per host for every replica.
     #[arg(long)]
     pub no_backoff: bool,
+    /// Switch off reading rate limit headers: by default a `RateLimit`
+    /// field (with `RateLimit-Policy`) or `X-RateLimit-*` headers saying
+    /// the budget is spent hold the host until the reset, and a budget at
+    /// most a tenth of its limit is spread up to it. `Retry-After` is read
+    /// either way.
+    #[arg(long)]
+    pub no_rate_limit_headers: bool,
     /// After SIGINT/SIGTERM, how long requests in flight may go on.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub grace: Duration,

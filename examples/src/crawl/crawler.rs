@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
-use redislimit::http::{MaxWait, retry_after};
+use redislimit::http::{MaxWait, ServerSignal, retry_after};
 use redislimit::{Causes, Error, HostKey, Limiter};
 use redislimit_reqwest::{NotSent, PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
@@ -49,8 +49,12 @@ pub struct Fetched {
     /// The delay a `Retry-After` header asked for, if any (saturating).
     pub retry_after_ms: Option<u64>,
     /// The hold the host was given for this response: what it asked for
-    /// (or `--default-penalty`), capped by `--max-penalty`.
+    /// (or `--default-penalty`, or the backoff), capped by `--max-penalty`.
     pub hold_ms: Option<u64>,
+    /// Why it was held: `retry-after`, `budget-spent`, `budget-low`,
+    /// `default-penalty`, `backoff` or `recovering` (see
+    /// `redislimit::http::ServerSignal::cause`).
+    pub asked: Option<String>,
     /// The URLs redirected from, in order (redacted).
     pub redirects: Vec<String>,
     /// The URL of the last response, when it differs from `url`.
@@ -188,7 +192,6 @@ pub struct Crawler {
     concurrency: usize,
     max_wait: Option<Duration>,
     max_penalty: Duration,
-    default_penalty: Option<Duration>,
     progress_every: Duration,
     report: Option<Arc<Mutex<LineWriter<File>>>>,
     /// Set when a report line could not be written.
@@ -237,7 +240,7 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 /// What became of one attempt at a URL.
 enum Attempt {
     /// It ended (sent or not); report it.
-    Done(Fetched),
+    Done(Box<Fetched>),
     /// Its host is not due for at least this long; come back then, without
     /// a slot.
     NotYet(Duration),
@@ -304,14 +307,15 @@ impl Crawler {
         }
         let backoff = (!args.no_backoff)
             .then(|| redislimit::http::Backoff::new(Duration::from_secs(1), args.max_penalty));
-        pacing = pacing.with_backoff(backoff);
+        pacing = pacing
+            .with_backoff(backoff)
+            .with_rate_limit_headers(!args.no_rate_limit_headers);
         let client = ClientBuilder::new(http).with(pacing).with(Stamp).build();
         Ok(Self {
             client,
             concurrency: args.concurrency,
             max_wait: args.max_wait,
             max_penalty: args.max_penalty,
-            default_penalty: args.default_penalty,
             progress_every: args.progress_every,
             report: None,
             report_failed: Arc::default(),
@@ -501,7 +505,7 @@ impl Crawler {
                     tokio::spawn(async move {
                         if let Ok(Attempt::Done(fetched)) = task.await {
                             note_penalty(&counters, &fetched, max_penalty);
-                            let _ = tx.send(fetched);
+                            let _ = tx.send(*fetched);
                         }
                     });
                     continue 'urls;
@@ -509,7 +513,7 @@ impl Crawler {
                 match task.await {
                     Ok(Attempt::Done(fetched)) => {
                         note_penalty(&counters, &fetched, self.max_penalty);
-                        let _ = tx.send(fetched);
+                        let _ = tx.send(*fetched);
                         continue 'urls;
                     }
                     Ok(Attempt::NotYet(wait)) => {
@@ -641,7 +645,7 @@ impl Crawler {
             () = stopped(&mut stop, StopLevel::Abort) => {
                 let sent = extensions.get::<SentAt>().copied();
                 let error = Some("aborted: the crawl was stopped".to_owned());
-                Attempt::Done(self.fetched(&url, queued, sent, None, error))
+                Attempt::Done(Box::new(self.fetched(&url, queued, sent, None, error)))
             }
         };
         gate.free();
@@ -682,7 +686,7 @@ impl Crawler {
                 };
                 let mut fetched = self.fetched(&url, queued, sent, None, Some(error));
                 fetched.redirects = redirects(extensions);
-                return Attempt::Done(fetched);
+                return Attempt::Done(Box::new(fetched));
             }
         };
         let status = response.status();
@@ -693,11 +697,8 @@ impl Crawler {
             .is_some()
             .then(|| redact(response.url()));
         let retry_after = retry_after(response.headers(), SystemTime::now());
-        let asked = match retry_after {
-            Some(d) => Some(d),
-            None if matches!(status.as_u16(), 429 | 503) => self.default_penalty,
-            None => None,
-        };
+        // What the middleware applied for it.
+        let signal = response.extensions().get::<ServerSignal>().copied();
         let error = response
             .bytes()
             .await
@@ -705,10 +706,11 @@ impl Crawler {
             .map(|e| format!("reading the body: {}", error_chain(&e)));
         let mut fetched = self.fetched(&url, queued, sent, Some(status.as_u16()), error);
         fetched.retry_after_ms = retry_after.map(millis);
-        fetched.hold_ms = asked.map(|d| millis(d.min(self.max_penalty)));
+        fetched.hold_ms = signal.map(|s| millis(s.hold().min(self.max_penalty)));
+        fetched.asked = signal.map(|s| s.cause().to_owned());
         fetched.redirects = redirects(extensions);
         fetched.final_url = final_url;
-        Attempt::Done(fetched)
+        Attempt::Done(Box::new(fetched))
     }
 
     fn fetched(
@@ -737,6 +739,7 @@ impl Crawler {
             waited_ms: millis(waited),
             retry_after_ms: None,
             hold_ms: None,
+            asked: None,
             redirects: Vec::new(),
             final_url: None,
             skipped: None,

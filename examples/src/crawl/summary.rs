@@ -21,6 +21,12 @@ pub struct HostSummary {
     /// Requests per second between the first and the last send, counting
     /// only requests that were sent.
     pub rate: Option<f64>,
+    /// What the host asked for, per cause (`retry-after`, `budget-spent`,
+    /// `budget-low`, `default-penalty`, `backoff`, `recovering`): how many
+    /// responses held it for that.
+    pub asked: BTreeMap<String, usize>,
+    /// The longest hold a response gave the host, in milliseconds.
+    pub longest_hold_ms: Option<u64>,
 }
 
 /// One summary per host, in host order, of the URLs that were tried.
@@ -37,6 +43,10 @@ pub fn summarize(fetched: &[Fetched]) -> Vec<HostSummary> {
             for status in reqs.iter().filter_map(|f| f.status) {
                 *statuses.entry(status).or_default() += 1;
             }
+            let mut asked = BTreeMap::new();
+            for cause in reqs.iter().filter_map(|f| f.asked.as_ref()) {
+                *asked.entry(cause.clone()).or_default() += 1;
+            }
             // Requests that never left (a blown --max-wait) are no part
             // of the rate the host saw.
             let sent: Vec<u64> = reqs.iter().filter(|f| f.sent).map(|f| f.start_ms).collect();
@@ -52,6 +62,8 @@ pub fn summarize(fetched: &[Fetched]) -> Vec<HostSummary> {
                 mean_wait_ms: reqs.iter().map(|f| f.waited_ms as f64).sum::<f64>()
                     / reqs.len() as f64,
                 rate,
+                asked,
+                longest_hold_ms: reqs.iter().filter_map(|f| f.hold_ms).max(),
             }
         })
         .collect()
@@ -76,13 +88,31 @@ impl fmt::Display for HostSummary {
             self.mean_wait_ms,
             rate,
             statuses.join(" ")
-        )
+        )?;
+        if !self.asked.is_empty() {
+            let asked: Vec<String> = self
+                .asked
+                .iter()
+                .map(|(cause, n)| format!("{cause} x{n}"))
+                .collect();
+            write!(f, "  asked: {}", asked.join(", "))?;
+            if let Some(longest) = self.longest_hold_ms {
+                write!(f, " (longest hold {:.1}s)", longest as f64 / 1000.0)?;
+            }
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn held(mut f: Fetched, cause: &str, hold_ms: u64) -> Fetched {
+        f.asked = Some(cause.into());
+        f.hold_ms = Some(hold_ms);
+        f
+    }
 
     fn fetched(host: &str, status: Option<u16>, start_ms: u64, waited_ms: u64) -> Fetched {
         Fetched {
@@ -96,6 +126,7 @@ mod tests {
             waited_ms,
             retry_after_ms: None,
             hold_ms: None,
+            asked: None,
             redirects: Vec::new(),
             final_url: None,
             skipped: None,
@@ -106,7 +137,11 @@ mod tests {
     fn per_host_counts_waits_and_rate() {
         let all = [
             fetched("a.test", Some(200), 1000, 0),
-            fetched("a.test", Some(429), 1500, 100),
+            held(
+                fetched("a.test", Some(429), 1500, 100),
+                "budget-spent",
+                2000,
+            ),
             fetched("a.test", Some(200), 3000, 200),
             fetched("b.test", None, 1000, 0),
             // Never sent: counted as an error, not in the rate.
@@ -120,5 +155,13 @@ mod tests {
         assert_eq!(s[0].rate, Some(1.0));
         assert_eq!((s[1].errors, s[1].rate), (1, None));
         assert!(s[0].to_string().contains("200x2 429x1"));
+        assert_eq!(s[0].asked, BTreeMap::from([("budget-spent".into(), 1)]));
+        assert!(
+            s[0].to_string()
+                .contains("asked: budget-spent x1 (longest hold 2.0s)"),
+            "{}",
+            s[0]
+        );
+        assert!(s[1].asked.is_empty());
     }
 }
