@@ -108,6 +108,33 @@ mod tests {
         assert!(rules.refusal(&url("/x")).is_some());
     }
 
+    proptest::proptest! {
+        /// No robots.txt, however hostile, panics; the delay kept is never
+        /// above the cap.
+        #[test]
+        fn any_file_and_path_decide_without_panicking(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            lines in proptest::collection::vec(
+                "(User-agent|Disallow|Allow|Crawl-delay|Sitemap): ?[ -~]{0,20}",
+                0..8,
+            ),
+            path in "/[ -~]{0,30}",
+            status in 100u16..600,
+        ) {
+            let text = lines.join("\n");
+            for body in [&body[..], text.as_bytes()] {
+                let Some(rules) = Rules::from_answer("crawl", Ok((status, body))) else {
+                    continue;
+                };
+                if let Ok(url) = Url::parse("http://a.test/").and_then(|u| u.join(&path)) {
+                    let _ = rules.refusal(&url);
+                }
+                let max = Duration::from_secs(30);
+                proptest::prop_assert!(rules.crawl_delay(max).is_none_or(|d| d <= max));
+            }
+        }
+    }
+
     #[test]
     fn the_robots_url_keeps_scheme_host_and_port_only() {
         let u = Url::parse("https://user:pw@a.test:8443/p/q?x=1#f").unwrap();
