@@ -202,6 +202,16 @@ pub enum ConfigError {
         /// What the Redis client or the pool said.
         reason: String,
     },
+    /// A per-host rule that cannot be used: its pattern is not a host or
+    /// `*.` and a suffix, repeats another rule's, or its settings are
+    /// refused.
+    #[error("rule {rule:?}: {reason}")]
+    InvalidRule {
+        /// The rule's pattern as given.
+        rule: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A Redis key prefix or scope that could break the key layout.
     #[error("{field} {value:?} is not a valid name: use 1 to 64 ASCII letters, digits or -_.:/")]
     InvalidName {

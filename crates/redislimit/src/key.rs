@@ -17,6 +17,11 @@ use crate::Error;
 ///
 /// Cloning is cheap (a reference count).
 ///
+/// A key made from a URL also carries the URL's port (explicit, or the
+/// scheme's default), which is not part of its identity: two keys of one
+/// host on different ports are equal. [`KeyBy::HostPort`](crate::KeyBy)
+/// uses it to key each port apart.
+///
 /// ```
 /// use redislimit::HostKey;
 ///
@@ -24,18 +29,68 @@ use crate::Error;
 /// assert_eq!(key.as_str(), "xn--bcher-kva.example");
 /// assert!(HostKey::parse("mailto:someone@example.com").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HostKey(Arc<str>);
+#[derive(Clone)]
+pub struct HostKey {
+    name: Arc<str>,
+    port: Option<u16>,
+}
+
+impl PartialEq for HostKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for HostKey {}
+
+impl std::hash::Hash for HostKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl PartialOrd for HostKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for HostKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.name.cmp(&other.name)
+    }
+}
 
 impl HostKey {
     /// The host key of a parsed URL, or [`Error::InvalidUrl`] when it has
     /// no host.
     pub fn from_url(url: &Url) -> Result<Self, Error> {
         let host = url.host().ok_or("the URL has no host");
-        Self::from_host(host).map_err(|reason| Error::InvalidUrl {
+        let key = Self::from_host(host).map_err(|reason| Error::InvalidUrl {
             url: url.as_str().to_owned(),
             reason,
-        })
+        })?;
+        Ok(key.on_port(url.port_or_known_default()))
+    }
+
+    /// A key made of `name` as it is (already a key's text, such as a
+    /// registrable domain or `host:port`), carrying no port.
+    pub(crate) fn named(name: impl Into<Arc<str>>) -> Self {
+        Self {
+            name: name.into(),
+            port: None,
+        }
+    }
+
+    fn on_port(mut self, port: Option<u16>) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The port of the URL the key was made from (explicit, or the
+    /// scheme's default), when it had one; not part of the key.
+    pub fn port(&self) -> Option<u16> {
+        self.port
     }
 
     /// The host key of an `http::Uri`, or [`Error::InvalidUrl`] when it has
@@ -59,19 +114,26 @@ impl HostKey {
             Host::Ipv4(addr) => Host::Ipv4(*addr),
             Host::Ipv6(addr) => Host::Ipv6(*addr),
         };
-        Self::from_host(Ok(borrowed)).map_err(invalid)
+        let port = uri.port_u16().or(match uri.scheme_str() {
+            Some("http") => Some(80),
+            Some("https") => Some(443),
+            _ => None,
+        });
+        Self::from_host(Ok(borrowed))
+            .map_err(invalid)
+            .map(|key| key.on_port(port))
     }
 
     fn from_host(host: Result<Host<&str>, &'static str>) -> Result<Self, &'static str> {
         match host? {
-            Host::Ipv4(addr) => Ok(Self(addr.to_string().into())),
-            Host::Ipv6(addr) => Ok(Self(format!("[{addr}]").into())),
+            Host::Ipv4(addr) => Ok(Self::named(addr.to_string())),
+            Host::Ipv6(addr) => Ok(Self::named(format!("[{addr}]"))),
             Host::Domain(name) => {
                 let name = name.trim_end_matches('.');
                 if name.is_empty() {
                     return Err("the URL's host is empty");
                 }
-                Ok(Self(name.to_ascii_lowercase().into()))
+                Ok(Self::named(name.to_ascii_lowercase()))
             }
         }
     }
@@ -87,25 +149,25 @@ impl HostKey {
 
     /// The key as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
     }
 }
 
 impl fmt::Debug for HostKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.name, f)
     }
 }
 
 impl fmt::Display for HostKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 
 impl AsRef<str> for HostKey {
     fn as_ref(&self) -> &str {
-        &self.0
+        &self.name
     }
 }
 
@@ -164,6 +226,15 @@ mod tests {
             HostKey::parse("ws://user:pw@example.com:1/").unwrap(),
             plain
         );
+    }
+
+    #[test]
+    fn the_port_travels_with_the_key() {
+        let port = |url: &str| HostKey::parse(url).unwrap().port();
+        assert_eq!(port("http://a.test/"), Some(80));
+        assert_eq!(port("https://a.test/"), Some(443));
+        assert_eq!(port("http://a.test:8080/"), Some(8080));
+        assert_eq!(port("foo://a.test/"), None);
     }
 
     #[test]

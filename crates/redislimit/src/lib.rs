@@ -70,6 +70,7 @@ mod key;
 mod limiter;
 mod local;
 mod pacing;
+mod policy;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -88,6 +89,7 @@ pub use self::{
     limiter::{BackoffStep, BoxFuture, Limiter, Permit},
     local::DomainLimiter,
     pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
+    policy::{KeyBy, Policies, Rule},
 };
 #[cfg(feature = "redis")]
 pub use deadpool_redis;

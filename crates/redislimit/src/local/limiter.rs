@@ -16,7 +16,9 @@ use super::sweep::{Sweep, SweepSignal};
 use crate::hooks::WaitReport;
 use crate::limiter::Admitted;
 use crate::pacing::after;
-use crate::{BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, WaitOutcome};
+use crate::{
+    BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, Policies, WaitOutcome,
+};
 
 /// The in-process limiter: paces requests per host within one process.
 ///
@@ -63,7 +65,7 @@ pub struct DomainLimiter {
 }
 
 struct Inner {
-    pacing: Pacing,
+    policies: Policies,
     hooks: Arc<dyn Hooks>,
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
@@ -84,6 +86,9 @@ struct Shard {
 
 struct Entry {
     state: HostState,
+    /// The policy of the latest request admitted (see [`Policies::index`]):
+    /// whose window and delays decide when the entry is idle.
+    policy: usize,
     /// Waiters in arrival order; only the head ever decides.
     queue: VecDeque<Waiter>,
     /// The expiry queued for this host, if any.
@@ -105,20 +110,21 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl DomainLimiter {
-    /// An in-process limiter with `pacing` for every host.
-    pub fn new(pacing: Pacing) -> Self {
-        Self::with_hooks(pacing, Arc::new(NoHooks))
+    /// An in-process limiter with `policies`: a [`Pacing`] for every host,
+    /// or [`Policies`] with per-host rules.
+    pub fn new(policies: impl Into<Policies>) -> Self {
+        Self::with_hooks(policies, Arc::new(NoHooks))
     }
 
     /// An in-process limiter that reports its decisions to `hooks`.
-    pub fn with_hooks(pacing: Pacing, hooks: Arc<dyn Hooks>) -> Self {
+    pub fn with_hooks(policies: impl Into<Policies>, hooks: Arc<dyn Hooks>) -> Self {
         let shards = std::thread::available_parallelism()
             .map_or(4, usize::from)
             .saturating_mul(4)
             .next_power_of_two();
         Self {
             inner: Arc::new(Inner {
-                pacing,
+                policies: policies.into(),
                 hooks,
                 shards: (0..shards).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::new(),
@@ -129,16 +135,22 @@ impl DomainLimiter {
         }
     }
 
-    /// The pacing this limiter applies to every host.
+    /// The pacing of hosts no rule matches.
     pub fn pacing(&self) -> &Pacing {
-        &self.inner.pacing
+        self.inner.policies.default_pacing()
+    }
+
+    /// The pacing of every host.
+    pub fn policies(&self) -> &Policies {
+        &self.inner.policies
     }
 
     /// The latest send to `host` recorded through a permit's `try_send`.
     pub(crate) fn last_sent(&self, host: &HostKey) -> Option<Instant> {
-        lock(self.inner.shard(host))
+        let key = self.inner.policies.key(host);
+        lock(self.inner.shard(&key))
             .hosts
-            .get(host)
+            .get(&key)
             .and_then(|entry| entry.state.last_sent())
     }
 
@@ -153,7 +165,7 @@ impl DomainLimiter {
 impl fmt::Debug for DomainLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DomainLimiter")
-            .field("pacing", &self.inner.pacing)
+            .field("policies", &self.inner.policies)
             .field("hooks", &self.inner.hooks)
             .finish_non_exhaustive()
     }
@@ -211,7 +223,10 @@ async fn acquire(
     deadline: Option<Instant>,
 ) -> Result<Permit, Error> {
     inner.sweep.ensure_running(Arc::downgrade(inner));
-    let pacing = &inner.pacing;
+    let policy = inner.policies.index(&host);
+    let pacing = inner.policies.at(policy);
+    // From here on the state's key (the host itself unless keyed otherwise).
+    let host = inner.policies.key(&host);
     let start = Instant::now();
     let report = WaitReport::new(&*inner.hooks, engine, &host, start);
     let shard = inner.shard(&host);
@@ -226,12 +241,13 @@ async fn acquire(
             report.abandon();
             return Err(Error::Closed);
         }
-        let entry = guard.entry(&host, start);
+        let entry = guard.entry(&host, start, policy);
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
             let admission = entry.state.admit(start, pacing);
+            entry.policy = policy;
             drop(guard);
             report.finish_waited(WaitOutcome::Acquired, Duration::ZERO);
-            return Ok(inner.permit(host.clone(), Duration::ZERO, admission));
+            return Ok(inner.permit(host.clone(), Duration::ZERO, admission, policy));
         }
         if let Some(deadline) = deadline {
             let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);
@@ -263,12 +279,13 @@ async fn acquire(
         }
         let step = {
             let mut guard = lock(shard);
-            let entry = guard.entry(&host, now);
+            let entry = guard.entry(&host, now, policy);
             match entry.queue.iter().position(|w| w.id == id) {
                 Some(0) => match entry.state.decide(now, pacing) {
                     Decision::Admit => {
                         entry.queue.pop_front();
                         let admission = entry.state.admit(now, pacing);
+                        entry.policy = policy;
                         if let Some(next) = entry.queue.front() {
                             next.wake.notify_one();
                         }
@@ -293,7 +310,7 @@ async fn acquire(
             Step::Admitted(admission) => {
                 place.queued = false;
                 let waited = report.finish(WaitOutcome::Acquired);
-                return Ok(inner.permit(host.clone(), waited, admission));
+                return Ok(inner.permit(host.clone(), waited, admission, policy));
             }
             Step::Sleep(at) => {
                 let wake_at = match deadline {
@@ -324,11 +341,18 @@ async fn acquire(
 }
 
 impl Inner {
-    fn permit(self: &Arc<Self>, host: HostKey, waited: Duration, admission: Admission) -> Permit {
+    fn permit(
+        self: &Arc<Self>,
+        host: HostKey,
+        waited: Duration,
+        admission: Admission,
+        policy: usize,
+    ) -> Permit {
         let admitted = LocalAdmission {
             inner: Arc::clone(self),
             host: host.clone(),
             admission,
+            policy,
         };
         Permit::admitted(host, waited, Box::new(admitted))
     }
@@ -340,10 +364,13 @@ impl Inner {
         host: &HostKey,
         admission: &mut Admission,
         at: Instant,
+        policy: usize,
     ) -> Result<(), Instant> {
         let mut guard = lock(self.shard(host));
         match guard.hosts.get_mut(host) {
-            Some(entry) => entry.state.try_send(admission, at, &self.pacing),
+            Some(entry) => entry
+                .state
+                .try_send(admission, at, self.policies.at(policy)),
             None => Ok(()),
         }
     }
@@ -357,7 +384,7 @@ impl Inner {
                 head.wake.notify_one();
             }
         }
-        guard.settle(host, &self.pacing, &self.sweep);
+        guard.settle(host, &self.policies, &self.sweep);
     }
 
     fn shard(&self, host: &HostKey) -> &Mutex<Shard> {
@@ -365,32 +392,34 @@ impl Inner {
         &self.shards[hash & (self.shards.len() - 1)]
     }
 
-    fn release(&self, host: &HostKey) {
+    fn release(&self, host: &HostKey, policy: usize) {
         let now = Instant::now();
         let mut guard = lock(self.shard(host));
         if let Some(entry) = guard.hosts.get_mut(host) {
-            entry.state.complete(now, &self.pacing);
+            entry.state.complete(now, self.policies.at(policy));
             if let Some(head) = entry.queue.front() {
                 head.wake.notify_one();
             }
         }
-        guard.settle(host, &self.pacing, &self.sweep);
+        guard.settle(host, &self.policies, &self.sweep);
     }
 
     fn penalize(self: &Arc<Self>, host: HostKey, hold: Duration) {
-        let hold = hold.min(self.pacing.max_penalty());
+        let policy = self.policies.index(&host);
+        let hold = hold.min(self.policies.at(policy).max_penalty());
         if hold.is_zero() {
             return;
         }
+        let host = self.policies.key(&host);
         self.sweep.ensure_running(Arc::downgrade(self));
         let now = Instant::now();
         let mut guard = lock(self.shard(&host));
-        let entry = guard.entry(&host, now);
+        let entry = guard.entry(&host, now, policy);
         entry.state.penalize(now, hold);
         if let Some(head) = entry.queue.front() {
             head.wake.notify_one();
         }
-        guard.settle(&host, &self.pacing, &self.sweep);
+        guard.settle(&host, &self.policies, &self.sweep);
         tracing::debug!(host = %host, hold_ms = hold.as_millis() as u64, "host penalized");
     }
 }
@@ -422,7 +451,7 @@ impl Sweep for Inner {
                     if !entry.queue.is_empty() {
                         continue; // rescheduled when its line empties
                     }
-                    match entry.state.idle_at(&self.pacing) {
+                    match entry.state.idle_at(self.policies.at(entry.policy)) {
                         Some(at) if at <= now => {
                             hosts.remove(&host);
                         }
@@ -453,9 +482,10 @@ impl Sweep for Inner {
 }
 
 impl Shard {
-    fn entry(&mut self, host: &HostKey, now: Instant) -> &mut Entry {
+    fn entry(&mut self, host: &HostKey, now: Instant, policy: usize) -> &mut Entry {
         self.hosts.entry(host.clone()).or_insert_with(|| Entry {
             state: HostState::new(now),
+            policy,
             queue: VecDeque::new(),
             sweep_at: None,
         })
@@ -463,14 +493,14 @@ impl Shard {
 
     /// After a change to `host`: if nothing is in flight or waiting any
     /// more, make sure the sweeper will look at it when it becomes idle.
-    fn settle(&mut self, host: &HostKey, pacing: &Pacing, sweep: &SweepSignal) {
+    fn settle(&mut self, host: &HostKey, policies: &Policies, sweep: &SweepSignal) {
         let Some(entry) = self.hosts.get_mut(host) else {
             return;
         };
         if !entry.queue.is_empty() || entry.sweep_at.is_some() {
             return;
         }
-        if let Some(at) = entry.state.idle_at(pacing) {
+        if let Some(at) = entry.state.idle_at(policies.at(entry.policy)) {
             entry.sweep_at = Some(at);
             self.expiries.push(Reverse((at, host.clone())));
             sweep.schedule(at);
@@ -483,11 +513,12 @@ struct LocalAdmission {
     inner: Arc<Inner>,
     host: HostKey,
     admission: Admission,
+    policy: usize,
 }
 
 impl Admitted for LocalAdmission {
     fn release(self: Box<Self>) {
-        self.inner.release(&self.host);
+        self.inner.release(&self.host, self.policy);
     }
 
     fn abandon(self: Box<Self>) {
@@ -495,7 +526,8 @@ impl Admitted for LocalAdmission {
     }
 
     fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
-        self.inner.try_send(&self.host, &mut self.admission, at)
+        self.inner
+            .try_send(&self.host, &mut self.admission, at, self.policy)
     }
 }
 
@@ -524,6 +556,6 @@ impl Drop for Place<'_> {
                 next.wake.notify_one();
             }
         }
-        guard.settle(self.host, &self.inner.pacing, &self.inner.sweep);
+        guard.settle(self.host, &self.inner.policies, &self.inner.sweep);
     }
 }
