@@ -12,6 +12,7 @@ mod faults;
 mod garbage;
 mod leases;
 mod modes;
+mod policies;
 mod renewal;
 mod shutdown;
 mod tls;

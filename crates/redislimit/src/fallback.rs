@@ -12,7 +12,7 @@ use crate::hooks::WaitReport;
 use crate::pacing::after;
 use crate::{
     BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit,
-    WaitOutcome,
+    Policies, WaitOutcome,
 };
 
 /// Paces every request through an in-process [`DomainLimiter`] first and
@@ -318,10 +318,16 @@ struct Share {
 const SHARE_GRACE: Duration = Duration::from_millis(1500);
 
 impl Shares {
-    /// The limiter for `n` shares of `pacing`, and when the outage began.
-    /// `outage` when the primary just failed (which starts the outage
-    /// again if it had ended), not when it admitted during the grace.
-    fn get(&self, n: u32, index: u32, pacing: &Pacing, outage: bool) -> (Instant, DomainLimiter) {
+    /// The limiter for `n` shares of `policies`, and when the outage
+    /// began. `outage` when the primary just failed (which starts the
+    /// outage again if it had ended), not when it admitted during the grace.
+    fn get(
+        &self,
+        n: u32,
+        index: u32,
+        policies: &Policies,
+        outage: bool,
+    ) -> (Instant, DomainLimiter) {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(share) = &mut *current
             && share.n == n
@@ -333,7 +339,7 @@ impl Shares {
             return (share.began, share.limiter.clone());
         }
         let began = current.as_ref().map_or_else(Instant::now, |c| c.began);
-        let limiter = DomainLimiter::new(pacing.shared_by(n));
+        let limiter = DomainLimiter::new(policies.map(|_, pacing| pacing.shared_by(n)));
         *current = Some(Share {
             n,
             index,
@@ -433,9 +439,9 @@ impl<P: Limiter> FallbackLimiter<P> {
         host: &HostKey,
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
-        let pacing = self.fallback.pacing();
-        let (began, limiter) = self.shares.get(n, index, pacing, outage);
-        let gap = pacing.min_delay();
+        let policies = self.fallback.policies();
+        let (began, limiter) = self.shares.get(n, index, policies, outage);
+        let gap = policies.pacing_for(host).min_delay();
         let mut from = after(began, gap);
         if let Some(last) = self.fallback.last_sent(host) {
             from = from.max(after(last, gap.saturating_mul(n)));
@@ -562,7 +568,8 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 (share, local)
             })
         };
-        Permit::new(host, waited, move || drop(take(&parts))).on_abandon(move || {
+        let key = self.fallback.policies().key(&host);
+        Permit::new(key, waited, move || drop(take(&parts))).on_abandon(move || {
             if let Some((share, local)) = take(&back) {
                 share.into_iter().chain(local).for_each(Permit::abandon);
             }
@@ -647,7 +654,9 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
         host: HostKey,
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
-        let mut report = WaitReport::new(&*self.hooks, engine, &host, Instant::now());
+        // Hooks name the key, as the limiters below do.
+        let key = self.fallback.policies().key(&host);
+        let mut report = WaitReport::new(&*self.hooks, engine, &key, Instant::now());
         loop {
             // Requests this process sent during an outage count in the
             // primary before it admits anything else for their host.
@@ -688,7 +697,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             // replica's slot (which may still be pacing in-process).
             let turn_ends = turn
                 .as_ref()
-                .and_then(|_| turn_window(self.fallback.pacing()))
+                .and_then(|_| turn_window(self.fallback.policies().pacing_for(&host)))
                 .map(|window| after(Instant::now(), window));
             let ask_until = match (deadline, turn_ends) {
                 (Some(d), Some(t)) => Some(d.min(t)),
@@ -721,7 +730,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                         leave(local).await;
                     }
                     let waited = report.finish(WaitOutcome::Acquired);
-                    return Ok(joint(host, waited, [share, Some(shared), local]));
+                    return Ok(joint(key, waited, [share, Some(shared), local]));
                 }
                 Err(err) if err.is_unavailable() => err,
                 Err(Error::WaitBudget { wait, .. })

@@ -158,6 +158,7 @@ pub enum BackoffStep {
 impl BackoffStep {
     /// The gap after this step from `gap` (`None`: not backing off), as
     /// every limiter computes it.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn apply(self, gap: Option<Duration>) -> Option<Duration> {
         match self {
             Self::Widen { start, max } => Some(

@@ -303,6 +303,7 @@ impl Policies {
     }
 
     /// The cross-replica cap of policy `index`, `default` when it sets none.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn cluster_concurrency_at(&self, index: usize, default: u32) -> u32 {
         index
             .checked_sub(1)
@@ -311,6 +312,7 @@ impl Policies {
     }
 
     /// How many policies there are (the default and the rules).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn len(&self) -> usize {
         self.table.rules.len() + 1
     }
@@ -330,6 +332,7 @@ impl Policies {
 
     /// The rules in a canonical text, one per line, in the order added:
     /// what the configuration record digests.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn canonical_rules(&self, describe: impl Fn(usize) -> String) -> String {
         let mut text = String::new();
         for (i, rule) in self.table.rules.iter().enumerate() {

@@ -20,7 +20,9 @@
 //!
 //! What is compared: the mode and `cluster_concurrency`, `min_delay` (and
 //! with it the spacing the mode implies), `quota` and `window`, and
-//! `lease_ttl`. What shapes only one process is not: timeouts, hooks, the
+//! `lease_ttl`; with per-host rules, the keying and a digest of every
+//! rule's pattern and those settings (`rules=N:<digest>`: the record stays
+//! short however many rules there are). What shapes only one process is not: timeouts, hooks, the
 //! in-process `max_concurrent`, jitter, retry intervals, the fallback. The
 //! record is a line of `name=value` fields; a field added later is written
 //! only when it differs from its default, so replicas that do not use a
@@ -36,7 +38,8 @@ use super::keys::RedisKeys;
 use super::limiter::{Shared, unavailable};
 use super::script::AGREE;
 use crate::pacing::after;
-use crate::{Error, Op, Pacing};
+use crate::{Error, KeyBy, Op, Policies};
+use sha2::{Digest, Sha256};
 
 /// One limiter's part in its scope's agreement.
 #[derive(Debug)]
@@ -54,27 +57,47 @@ impl Agreement {
     pub(super) fn new(
         prefix: &str,
         scope: &str,
-        pacing: &Pacing,
-        cluster_concurrency: u32,
+        policies: &Policies,
+        cap: impl Fn(usize) -> u32,
         lease_ttl: Duration,
     ) -> Self {
-        let mode = if cluster_concurrency == 0 {
-            "serialized".to_owned()
-        } else {
-            format!("lease cluster_concurrency={cluster_concurrency}")
+        let describe = |i: usize| {
+            let pacing = policies.at(i);
+            let mode = match cap(i) {
+                0 => "serialized".to_owned(),
+                n => format!("lease cluster_concurrency={n}"),
+            };
+            let quota = if pacing.quota() == 0 {
+                "off".to_owned()
+            } else {
+                format!("{}/{:?}", pacing.quota(), pacing.window())
+            };
+            format!(
+                "mode={mode} min_delay={:?} quota={quota}",
+                pacing.min_delay()
+            )
         };
-        let quota = if pacing.quota() == 0 {
-            "off".to_owned()
-        } else {
-            format!("{}/{:?}", pacing.quota(), pacing.window())
-        };
-        let settings = format!(
-            "mode={mode} min_delay={:?} quota={quota} lease_ttl={lease_ttl:?}",
-            pacing.min_delay()
-        );
-        let longest = pacing
-            .window()
-            .max(lease_ttl.saturating_add(pacing.min_delay()));
+        let mut settings = format!("{} lease_ttl={lease_ttl:?}", describe(0));
+        // Written only when set, so replicas without rules keep agreeing
+        // with those that do not know them.
+        if policies.key_by() != KeyBy::Host {
+            settings.push_str(&format!(" key_by={}", policies.key_by().as_str()));
+        }
+        if !policies.rules().is_empty() {
+            let text = policies.canonical_rules(describe);
+            let digest = Sha256::digest(text.as_bytes());
+            let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+            settings.push_str(&format!(" rules={}:{hex}", policies.rules().len()));
+        }
+        let longest = (0..policies.len())
+            .map(|i| {
+                let pacing = policies.at(i);
+                pacing
+                    .window()
+                    .max(lease_ttl.saturating_add(pacing.min_delay()))
+            })
+            .max()
+            .unwrap_or_default();
         Self {
             key: RedisKeys::config(prefix, scope),
             settings,

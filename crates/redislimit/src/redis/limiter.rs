@@ -21,7 +21,7 @@ use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
 use crate::{
     BackoffStep, BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey,
-    Limiter, NoHooks, Op, Pacing, Permit, Spacing, WaitOutcome,
+    Limiter, NoHooks, Op, Pacing, Permit, Policies, Spacing, WaitOutcome,
 };
 
 /// Paces requests per host with the state held in Redis, so every replica
@@ -155,7 +155,8 @@ pub(super) struct Shared {
     pub(super) redis: Connections,
     pub(super) prefix: String,
     pub(super) scope: String,
-    pub(super) pacing: Pacing,
+    pub(super) policies: Policies,
+    /// The limiter's own cross-replica cap (rules may set their own).
     pub(super) cluster_concurrency: u32,
     pub(super) lease_ttl: Duration,
     pub(super) concurrency_retry: Duration,
@@ -183,10 +184,20 @@ pub(super) struct Shared {
     /// How many replicas to assume when the registry was never seen.
     pub(super) expected_replicas: u32,
     /// Script arguments, in microseconds.
-    pub(super) min_delay_us: u64,
     pub(super) lease_ttl_us: u64,
+    /// The script arguments of each policy (see [`Policies::index`]).
+    pub(super) args: Box<[Args]>,
+}
+
+/// What the scripts are told of one policy's pacing.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Args {
+    /// The cross-replica cap; 0 in serialized mode.
+    pub(super) cap: u32,
+    pub(super) min_delay_us: u64,
+    pub(super) quota: u32,
     pub(super) window_us: u64,
-    /// The longest wait this configuration can ask for.
+    /// The longest wait this policy can ask for.
     pub(super) max_wait_us: u64,
 }
 
@@ -196,7 +207,7 @@ pub struct RedisLimiterBuilder {
     pool: RedisPool,
     prefix: String,
     scope: String,
-    pacing: Pacing,
+    policies: Policies,
     cluster_concurrency: u32,
     lease_ttl: Duration,
     concurrency_retry: Option<Duration>,
@@ -210,7 +221,7 @@ impl fmt::Debug for RedisLimiterBuilder {
         f.debug_struct("RedisLimiterBuilder")
             .field("prefix", &self.prefix)
             .field("scope", &self.scope)
-            .field("pacing", &self.pacing)
+            .field("policies", &self.policies)
             .field("cluster_concurrency", &self.cluster_concurrency)
             .field("lease_ttl", &self.lease_ttl)
             .field("concurrency_retry", &self.concurrency_retry)
@@ -244,9 +255,20 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// The per-host pacing (default: [`Pacing::default`]).
+    /// The pacing of every host (default: [`Pacing::default`]); replaces
+    /// any [`policies`](Self::policies) set before.
     pub fn pacing(mut self, pacing: Pacing) -> Self {
-        self.pacing = pacing;
+        self.policies = Policies::new(pacing);
+        self
+    }
+
+    /// A default pacing, per-host rules and keying (see [`Policies`]); the
+    /// rules are part of the configuration agreement, so replicas with
+    /// other rules are refused as with other settings. A rule's own
+    /// [`cluster_concurrency`](crate::Rule::with_cluster_concurrency)
+    /// replaces this builder's for its hosts.
+    pub fn policies(mut self, policies: Policies) -> Self {
+        self.policies = policies;
         self
     }
 
@@ -303,7 +325,7 @@ impl RedisLimiterBuilder {
             });
         }
         let concurrency_retry = self.concurrency_retry.unwrap_or_else(|| {
-            let min_delay = self.pacing.min_delay();
+            let min_delay = self.policies.default_pacing().min_delay();
             if min_delay.is_zero() {
                 RedisLimiter::DEFAULT_CONCURRENCY_RETRY
             } else {
@@ -318,20 +340,37 @@ impl RedisLimiterBuilder {
                 field: "concurrency_retry",
             });
         }
-        // Validated by `Pacing`'s own builder.
-        let min_delay_us = self.pacing.min_delay().as_micros() as u64;
-        let window_us = self.pacing.window().as_micros() as u64;
-        let max_penalty_us = self.pacing.max_penalty().as_micros() as u64;
-        let max_wait_us = max_penalty_us
-            .max(lease_ttl_us.saturating_add(min_delay_us))
-            .max(window_us)
-            .min(crate::MAX_MICROS);
-        let local_cap = self.pacing.max_concurrent().max(self.cluster_concurrency);
+        let policies = self.policies;
+        let default_cap = self.cluster_concurrency;
+        let args: Box<[Args]> = (0..policies.len())
+            .map(|i| {
+                // Validated by `Pacing`'s own builder.
+                let pacing = policies.at(i);
+                let min_delay_us = pacing.min_delay().as_micros() as u64;
+                let window_us = pacing.window().as_micros() as u64;
+                let max_penalty_us = pacing.max_penalty().as_micros() as u64;
+                Args {
+                    cap: policies.cluster_concurrency_at(i, default_cap),
+                    min_delay_us,
+                    quota: pacing.quota(),
+                    window_us,
+                    max_wait_us: max_penalty_us
+                        .max(lease_ttl_us.saturating_add(min_delay_us))
+                        .max(window_us)
+                        .min(crate::MAX_MICROS),
+                }
+            })
+            .collect();
+        // The per-process cap of each policy, raised to its cluster cap.
+        let local = policies.map(|i, pacing| {
+            Pacing::default().with_max_concurrent(pacing.max_concurrent().max(args[i].cap))
+        });
+        let pollers = policies.map(|_, _| Pacing::default());
         Ok(RedisLimiter {
             report_waits: true,
             shared: Arc::new(Shared {
-                local: DomainLimiter::new(Pacing::default().with_max_concurrent(local_cap)),
-                pollers: DomainLimiter::new(Pacing::default()),
+                local: DomainLimiter::new(local),
+                pollers: DomainLimiter::new(pollers),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
                 acquiring: AtomicUsize::new(0),
@@ -344,22 +383,20 @@ impl RedisLimiterBuilder {
                 agreement: Agreement::new(
                     &self.prefix,
                     &self.scope,
-                    &self.pacing,
-                    self.cluster_concurrency,
+                    &policies,
+                    |i| args[i].cap,
                     self.lease_ttl,
                 ),
                 redis: Connections::new(self.pool),
                 prefix: self.prefix,
                 scope: self.scope,
-                pacing: self.pacing,
+                policies,
                 cluster_concurrency: self.cluster_concurrency,
                 lease_ttl: self.lease_ttl,
                 concurrency_retry,
                 hooks: self.hooks,
-                min_delay_us,
                 lease_ttl_us,
-                window_us,
-                max_wait_us,
+                args,
             }),
         })
     }
@@ -383,7 +420,7 @@ impl RedisLimiter {
             pool,
             prefix: "redislimit".to_owned(),
             scope: scope.into(),
-            pacing: Pacing::default(),
+            policies: Policies::default(),
             cluster_concurrency: 0,
             lease_ttl: Self::DEFAULT_LEASE_TTL,
             concurrency_retry: None,
@@ -393,12 +430,18 @@ impl RedisLimiter {
         }
     }
 
-    /// The per-host pacing.
+    /// The pacing of hosts no rule matches.
     pub fn pacing(&self) -> &Pacing {
-        &self.shared.pacing
+        self.shared.policies.default_pacing()
     }
 
-    /// The cross-replica in-flight cap per host; 0 in serialized mode.
+    /// The pacing of every host.
+    pub fn policies(&self) -> &Policies {
+        &self.shared.policies
+    }
+
+    /// The cross-replica in-flight cap per host (of hosts whose rule sets
+    /// none); 0 in serialized mode.
     pub fn cluster_concurrency(&self) -> u32 {
         self.shared.cluster_concurrency
     }
@@ -408,10 +451,11 @@ impl RedisLimiter {
         self.shared.lease_ttl
     }
 
-    /// The Redis keys that hold `host`'s state, for inspecting or clearing
-    /// it by hand.
+    /// The Redis keys that hold `host`'s state (under its key, see
+    /// [`KeyBy`](crate::KeyBy)), for inspecting or clearing it by hand.
     pub fn keys(&self, host: &HostKey) -> RedisKeys {
-        RedisKeys::new(&self.shared.prefix, &self.shared.scope, host)
+        let key = self.shared.policies.key(host);
+        RedisKeys::new(&self.shared.prefix, &self.shared.scope, &key)
     }
 
     /// The pacing an in-process fallback should apply while Redis is away:
@@ -420,15 +464,25 @@ impl RedisLimiter {
     /// `cluster_concurrency` in flight with `min_delay` between sends in
     /// lease mode.
     pub fn fallback_pacing(&self) -> Pacing {
-        let cap = self.shared.cluster_concurrency;
-        let pacing = self.shared.pacing.clone().with_max_concurrent(cap.max(1));
-        if cap == 0 {
-            pacing.with_spacing(Spacing::SendsAndCompletions)
-        } else {
-            // Lease mode spaces sends only; so must its fallback, or it
-            // would slow every request down while Redis is healthy.
-            pacing.with_spacing(Spacing::Sends)
-        }
+        self.fallback_policies().default_pacing().clone()
+    }
+
+    /// [`fallback_pacing`](Self::fallback_pacing) for every policy: the
+    /// same rules and keying, each rule's pacing made the same way with
+    /// its own cap.
+    pub fn fallback_policies(&self) -> Policies {
+        let shared = &self.shared;
+        shared.policies.map(|i, pacing| {
+            let cap = shared.args[i].cap;
+            let pacing = pacing.clone().with_max_concurrent(cap.max(1));
+            if cap == 0 {
+                pacing.with_spacing(Spacing::SendsAndCompletions)
+            } else {
+                // Lease mode spaces sends only; so must its fallback, or it
+                // would slow every request down while Redis is healthy.
+                pacing.with_spacing(Spacing::Sends)
+            }
+        })
     }
 
     /// Checks that Redis answers a `PING`, within the pool's timeouts: a way
@@ -472,7 +526,7 @@ impl RedisLimiter {
     /// limiter keeps reporting its errors.
     pub fn with_fallback(mut self) -> FallbackLimiter<Self> {
         let hooks = Arc::clone(&self.shared.hooks);
-        let fallback = DomainLimiter::new(self.fallback_pacing());
+        let fallback = DomainLimiter::new(self.fallback_policies());
         let plan = Arc::new(RegistryPlan(Arc::clone(&self.shared)));
         self.report_waits = false;
         FallbackLimiter::new(self, fallback)
@@ -488,7 +542,7 @@ impl fmt::Debug for RedisLimiter {
             .field("pool", s.redis.pool())
             .field("prefix", &s.prefix)
             .field("scope", &s.scope)
-            .field("pacing", &s.pacing)
+            .field("policies", &s.policies)
             .field("cluster_concurrency", &s.cluster_concurrency)
             .field("lease_ttl", &s.lease_ttl)
             .field("concurrency_retry", &s.concurrency_retry)
@@ -624,7 +678,11 @@ impl Shared {
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
         let start = Instant::now();
-        let mut report = WaitReport::new(hooks, engine, &host, start);
+        let policy = self.policies.index(&host);
+        let args = self.args[policy];
+        // The state's key; `host` still picks the in-process queues' rules.
+        let key = self.policies.key(&host);
+        let mut report = WaitReport::new(hooks, engine, &key, start);
         self.ensure_heartbeat();
         if self.circuit.waiting() {
             report.abandon();
@@ -640,7 +698,7 @@ impl Shared {
             // A mismatch was reported where it was found.
             if err.is_unavailable() {
                 self.hooks.on_error(Op::Acquire, &err);
-                tracing::warn!(host = %host, error = %crate::Causes(&err), "acquire failed");
+                tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
             }
             report.abandon();
             return Err(err);
@@ -658,7 +716,7 @@ impl Shared {
             .acquire_host(engine, host.clone(), deadline)
             .await
             .map_err(|e| report.fail(e))?;
-        let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
+        let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &key));
         let token = new_token();
         let runtime = Handle::current();
         let mut retried_after_release = false;
@@ -677,8 +735,8 @@ impl Shared {
                 report.abandon();
                 return Err(circuit_open(Op::Acquire));
             }
-            let booking = Booking::new(self, &keys, &token, &runtime);
-            let Some(answer) = within(deadline, self.try_acquire(&keys, &token)).await else {
+            let booking = Booking::new(self, &keys, &token, &runtime, args);
+            let Some(answer) = within(deadline, self.try_acquire(&keys, &token, args)).await else {
                 // The caller's budget ran out, not Redis: a blown budget,
                 // which opens no circuit. The call may still run, so the
                 // booking stays armed.
@@ -691,12 +749,12 @@ impl Shared {
                 Ok(Answer::Admitted) => {
                     drop(polling);
                     let waited = report.finish(WaitOutcome::Acquired);
-                    return Ok(self.permit(host, waited, keys, token, local, runtime));
+                    return Ok(self.permit(key, waited, (keys, token, args), local, runtime));
                 }
                 Ok(Answer::Wait { wait, full }) => (wait, full),
                 Err(err) => {
                     self.hooks.on_error(Op::Acquire, &err);
-                    tracing::warn!(host = %host, error = %crate::Causes(&err), "acquire failed");
+                    tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
                     report.abandon();
                     return Err(err);
                 }
@@ -707,7 +765,7 @@ impl Shared {
             } else {
                 wait
             };
-            let mut wake = after(now, self.pacing.jittered(pause));
+            let mut wake = after(now, self.policies.at(policy).jittered(pause));
             if let Some(deadline) = deadline {
                 // A known wait that cannot fit fails at once; a full host
                 // (whose wait nobody knows) is retried until the deadline.
@@ -775,16 +833,21 @@ impl Shared {
         }
     }
 
-    async fn try_acquire(&self, keys: &RedisKeys, token: &str) -> Result<Answer, Error> {
+    async fn try_acquire(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        args: Args,
+    ) -> Result<Answer, Error> {
         let reply = ACQUIRE
             .run::<Vec<i64>>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
-                    .arg(self.min_delay_us)
-                    .arg(self.cluster_concurrency)
+                    .arg(args.min_delay_us)
+                    .arg(args.cap)
                     .arg(self.lease_ttl_us)
-                    .arg(self.pacing.quota())
-                    .arg(self.window_us)
-                    .arg(self.max_wait_us);
+                    .arg(args.quota)
+                    .arg(args.window_us)
+                    .arg(args.max_wait_us);
             })
             .await;
         self.circuit.observe(&reply);
@@ -799,13 +862,13 @@ impl Shared {
                 tracing::warn!(gate = %keys.gate, "pacing state of the wrong type or unparseable was replaced; the host is held for lease_ttl");
                 self.hooks.on_repair(&keys.gate);
                 Ok(Answer::Wait {
-                    wait: Duration::from_micros((wait as u64).min(self.max_wait_us)),
+                    wait: Duration::from_micros((wait as u64).min(args.max_wait_us)),
                     full: false,
                 })
             }
             [0, wait, full @ (0 | 1)] if wait >= 0 => Ok(Answer::Wait {
                 // The script caps waits at max_wait_us; so does this.
-                wait: Duration::from_micros((wait as u64).min(self.max_wait_us)),
+                wait: Duration::from_micros((wait as u64).min(args.max_wait_us)),
                 full: full == 1,
             }),
             _ => Err(Error::unavailable(
@@ -815,17 +878,21 @@ impl Shared {
         }
     }
 
+    /// The permit of `token`'s admission on `keys` under `args`.
     fn permit(
         self: &Arc<Self>,
         host: HostKey,
         waited: Duration,
-        keys: Arc<RedisKeys>,
-        token: Arc<str>,
+        (keys, token, args): (Arc<RedisKeys>, Arc<str>, Args),
         local: Permit,
         runtime: Handle,
     ) -> Permit {
         let renewal = runtime
-            .spawn(Arc::clone(self).renew_until_released(Arc::clone(&keys), Arc::clone(&token)))
+            .spawn(Arc::clone(self).renew_until_released(
+                Arc::clone(&keys),
+                Arc::clone(&token),
+                args,
+            ))
             .abort_handle();
         let slot = Arc::new(Slot {
             shared: Arc::clone(self),
@@ -833,6 +900,7 @@ impl Shared {
             token,
             renewal,
             runtime,
+            args,
         });
         let taken_back = Arc::clone(&slot);
         let local = Arc::new(std::sync::Mutex::new(Some(local)));
@@ -846,15 +914,15 @@ impl Shared {
     /// Retried with backoff while Redis is unavailable, for as long as the
     /// slot could still matter (`lease_ttl`): a release that never lands
     /// would hold the host for that long. The first failure is reported.
-    async fn release(&self, keys: &RedisKeys, token: &str, abandoned: bool) {
+    async fn release(&self, keys: &RedisKeys, token: &str, abandoned: bool, args: Args) {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
             let released = RELEASE
                 .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                     cmd.arg(token)
-                        .arg(self.min_delay_us)
-                        .arg(self.cluster_concurrency)
+                        .arg(args.min_delay_us)
+                        .arg(args.cap)
                         .arg(u8::from(abandoned))
                         .arg(self.lease_ttl_us);
                 })
@@ -889,24 +957,26 @@ impl Shared {
         if self.circuit.open() {
             return Err(circuit_open(Op::Acquire));
         }
+        let args = self.args[self.policies.index(&host)];
+        let host = self.policies.key(&host);
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
         let token = new_token();
         let runtime = Handle::current();
         // Dropped mid-call, or lost with its connection, the script may still
         // have booked the slot: the guard then releases it.
-        let booking = Booking::new(self, &keys, &token, &runtime);
+        let booking = Booking::new(self, &keys, &token, &runtime, args);
         let ago_us = u64::try_from(ago.as_micros())
             .unwrap_or(u64::MAX)
             .min(crate::MAX_MICROS);
         let adopted = ADOPT
             .run::<i64>(&self.redis, &keys.all()[..3], |cmd: &mut Cmd| {
                 cmd.arg(&*token)
-                    .arg(self.cluster_concurrency)
+                    .arg(args.cap)
                     .arg(self.lease_ttl_us)
-                    .arg(self.min_delay_us)
+                    .arg(args.min_delay_us)
                     .arg(ago_us)
-                    .arg(self.pacing.quota())
-                    .arg(self.window_us);
+                    .arg(args.quota)
+                    .arg(args.window_us);
             })
             .await;
         self.circuit.observe(&adopted);
@@ -919,8 +989,7 @@ impl Shared {
                 Ok(Some(self.permit(
                     host,
                     Duration::ZERO,
-                    keys,
-                    token,
+                    (keys, token, args),
                     local,
                     runtime,
                 )))
@@ -933,13 +1002,15 @@ impl Shared {
     }
 
     async fn penalize(self: &Arc<Self>, host: HostKey, hold: Duration) -> Result<(), Error> {
-        let hold_us = hold.min(self.pacing.max_penalty()).as_micros() as u64;
+        let cap = self.policies.pacing_for(&host).max_penalty();
+        let hold_us = hold.min(cap).as_micros() as u64;
         if hold_us == 0 {
             return Ok(());
         }
         if self.circuit.open() {
             return Err(circuit_open(Op::Penalize));
         }
+        let host = self.policies.key(&host);
         let keys = RedisKeys::new(&self.prefix, &self.scope, &host);
         let result = PENALIZE
             .run::<i64>(&self.redis, &[keys.gate.as_str()], |cmd: &mut Cmd| {
@@ -969,7 +1040,8 @@ impl Shared {
         host: HostKey,
         step: BackoffStep,
     ) -> Result<Option<Duration>, Error> {
-        let cap = self.pacing.max_penalty();
+        let cap = self.policies.pacing_for(&host).max_penalty();
+        let host = self.policies.key(&host);
         let (code, start, max) = match step {
             BackoffStep::Widen { start, max } => (1, start, max.min(cap)),
             BackoffStep::Narrow { start } => (2, start, cap),
@@ -1013,6 +1085,7 @@ struct Slot {
     token: Arc<str>,
     renewal: tokio::task::AbortHandle,
     runtime: Handle,
+    args: Args,
 }
 
 impl Slot {
@@ -1029,7 +1102,7 @@ impl Slot {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take(),
         );
-        pending.send(&self.runtime, &self.keys, &self.token, abandoned);
+        pending.send(&self.runtime, &self.keys, &self.token, abandoned, self.args);
     }
 }
 
@@ -1062,10 +1135,17 @@ impl Pending {
     }
 
     /// Sends the release of `token` on a task of `runtime`.
-    fn send(self, runtime: &Handle, keys: &Arc<RedisKeys>, token: &Arc<str>, abandoned: bool) {
+    fn send(
+        self,
+        runtime: &Handle,
+        keys: &Arc<RedisKeys>,
+        token: &Arc<str>,
+        abandoned: bool,
+        args: Args,
+    ) {
         let (keys, token) = (Arc::clone(keys), Arc::clone(token));
         runtime.spawn(async move {
-            self.0.release(&keys, &token, abandoned).await;
+            self.0.release(&keys, &token, abandoned, args).await;
             drop(self);
         });
     }
@@ -1087,6 +1167,7 @@ struct Booking<'a> {
     keys: &'a Arc<RedisKeys>,
     token: &'a Arc<str>,
     runtime: &'a Handle,
+    args: Args,
     armed: bool,
 }
 
@@ -1097,12 +1178,14 @@ impl<'a> Booking<'a> {
         keys: &'a Arc<RedisKeys>,
         token: &'a Arc<str>,
         runtime: &'a Handle,
+        args: Args,
     ) -> Self {
         Self {
             shared,
             keys,
             token,
             runtime,
+            args,
             armed: true,
         }
     }
@@ -1131,7 +1214,7 @@ async fn within<T>(deadline: Option<Instant>, call: impl Future<Output = T>) -> 
 impl Drop for Booking<'_> {
     fn drop(&mut self) {
         if self.armed {
-            Pending::new(self.shared).send(self.runtime, self.keys, self.token, true);
+            Pending::new(self.shared).send(self.runtime, self.keys, self.token, true, self.args);
         }
     }
 }

@@ -166,10 +166,10 @@ impl Shared {
         if n == 1 || self.fallback_policy == FallbackPolicy::Full {
             return Plan::Alone;
         }
-        let cap = if self.cluster_concurrency == 0 {
-            1
-        } else {
-            self.cluster_concurrency
+        let policy = self.policies.index(host);
+        let cap = match self.args[policy].cap {
+            0 => 1,
+            cap => cap,
         };
         // Without a registry, a turn drawn from this replica's id: replicas
         // that never saw one spread over the turns instead of sharing one.
@@ -177,11 +177,17 @@ impl Shared {
             .as_ref()
             .and_then(|p| p.iter().position(|id| *id == self.registry.id))
             .map_or_else(|| self.registry.spare_turn(n), |i| i as u32);
-        if self.fallback_policy == FallbackPolicy::Share && self.pacing.divides(n, cap) {
+        if self.fallback_policy == FallbackPolicy::Share && self.policies.at(policy).divides(n, cap)
+        {
             return Plan::Share { n, index };
         }
         match peers {
-            Some(peers) if owner(&peers, host) != Some(self.registry.id.as_str()) => Plan::Defer,
+            // By key: every host of a key is served by the same replica.
+            Some(peers)
+                if owner(&peers, &self.policies.key(host)) != Some(self.registry.id.as_str()) =>
+            {
+                Plan::Defer
+            }
             Some(_) => Plan::Alone,
             // Nobody known to partition with: divide as well as possible.
             None => Plan::Share { n, index },

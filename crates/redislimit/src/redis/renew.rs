@@ -15,7 +15,7 @@ use deadpool_redis::redis::Cmd;
 use tokio::time::Instant;
 
 use super::keys::RedisKeys;
-use super::limiter::{Shared, unavailable};
+use super::limiter::{Args, Shared, unavailable};
 use super::script::RENEW;
 use crate::pacing::after;
 use crate::{Error, Op};
@@ -30,6 +30,7 @@ impl Shared {
         self: Arc<Self>,
         keys: Arc<RedisKeys>,
         token: Arc<str>,
+        args: Args,
     ) {
         let period = self.lease_ttl / 2;
         // A renewal's effect starts no earlier than when it was asked for,
@@ -45,13 +46,14 @@ impl Shared {
             // Bounded, so a call that hangs (a pool without timeouts) cannot
             // keep the next attempt from being made in time.
             let bound = after(asked, period.max(FIRST_RETRY));
-            let renewed = match tokio::time::timeout_at(bound, self.renew(&keys, &token)).await {
-                Ok(renewed) => renewed,
-                Err(_) => Err(Error::unavailable(
-                    Op::Renew,
-                    "Redis did not answer the renewal in time",
-                )),
-            };
+            let renewed =
+                match tokio::time::timeout_at(bound, self.renew(&keys, &token, args)).await {
+                    Ok(renewed) => renewed,
+                    Err(_) => Err(Error::unavailable(
+                        Op::Renew,
+                        "Redis did not answer the renewal in time",
+                    )),
+                };
             match renewed {
                 Ok(true) => {
                     if failing {
@@ -94,13 +96,13 @@ impl Shared {
     }
 
     /// One renewal: whether the token still held its slot.
-    async fn renew(&self, keys: &RedisKeys, token: &str) -> Result<bool, Error> {
+    async fn renew(&self, keys: &RedisKeys, token: &str, args: Args) -> Result<bool, Error> {
         let renewed = RENEW
             .run::<i64>(&self.redis, &keys.all()[..2], |cmd: &mut Cmd| {
                 cmd.arg(token)
-                    .arg(self.cluster_concurrency)
+                    .arg(args.cap)
                     .arg(self.lease_ttl_us)
-                    .arg(self.min_delay_us);
+                    .arg(args.min_delay_us);
             })
             .await;
         self.circuit.observe(&renewed);
