@@ -9,6 +9,7 @@
 mod args;
 mod crawler;
 mod input;
+mod policy_file;
 mod robots;
 mod stop;
 mod summary;
@@ -17,9 +18,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use self::args::{Args, Fallback, Pacer, parse_duration};
+pub use self::args::{Args, Fallback, KeyByArg, Pacer, parse_duration};
 pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::input::{Input, read_urls};
+pub use self::policy_file::{Settings, load as load_policy_file};
 pub use self::stop::{Stop, StopLevel};
 pub use self::summary::{HostSummary, summarize};
 

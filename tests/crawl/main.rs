@@ -10,6 +10,7 @@ mod cli;
 mod faults;
 mod lifecycle;
 mod modes;
+mod policies;
 mod robots;
 
 use std::collections::BTreeMap;
@@ -25,9 +26,21 @@ pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
 
 /// Every host name a test may use, resolved to the upstream by `spawn`.
-const RESOLVED: [&str; 11] = [
-    "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test", "r4.test", "r5.test", "t.test",
-    "p.test", "h.test",
+const RESOLVED: [&str; 14] = [
+    "a.test",
+    "b.test",
+    "c.test",
+    "r1.test",
+    "r2.test",
+    "r3.test",
+    "r4.test",
+    "r5.test",
+    "t.test",
+    "p.test",
+    "h.test",
+    "x.b.test",
+    "a.example.co.uk",
+    "b.example.co.uk",
 ];
 
 /// Sends are spaced where they are admitted, in Redis; the upstream sees

@@ -7,10 +7,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use redislimit::{
-    DomainLimiter, FallbackLimiter, FallbackPolicy, HostKey, Limiter, Pacing, RedisLimiter,
-    RedisPool, RedisTimeouts, RedisTls,
+    DomainLimiter, FallbackLimiter, FallbackPolicy, HostKey, KeyBy, Limiter, Pacing, Policies,
+    RedisLimiter, RedisPool, RedisTimeouts, RedisTls,
 };
 
+use super::policy_file::{Settings, load as load_policy_file};
 use super::{Crawler, Fetched, ModeProbe, Stop, read_urls, summarize};
 
 /// One replica of a polite crawler: fetches URLs, paced per host, alone or
@@ -153,6 +154,41 @@ pub struct Args {
     /// The engine label reported to the limiter's hooks and logs.
     #[arg(long, default_value = "crawl")]
     pub engine: String,
+    /// Per-host rules in TOML: an optional `[default]` table and
+    /// `[[rule]]` tables with `match` (`api.example.com`, or
+    /// `*.example.com` for the hosts below it) and any of `min_delay`,
+    /// `max_concurrent`, `cluster_concurrency`, `quota`, `window`,
+    /// `jitter`, `max_penalty` (durations as "250ms"). Without `[default]`
+    /// the flags form the default; a rule changes only what it names.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// What one paced host is: `host` (the default), `domain` (the
+    /// registrable domain, from the public suffix list: a.example.co.uk and
+    /// b.example.co.uk share one pace) or `host-port`. Rules still match
+    /// each request's own host. Replicas sharing Redis must agree.
+    #[arg(long, value_enum, default_value_t = KeyByArg::Host)]
+    pub key_by: KeyByArg,
+}
+
+/// `--key-by`: [`KeyBy`] on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyByArg {
+    /// The host.
+    Host,
+    /// The registrable domain.
+    Domain,
+    /// The host and its port.
+    HostPort,
+}
+
+impl From<KeyByArg> for KeyBy {
+    fn from(k: KeyByArg) -> Self {
+        match k {
+            KeyByArg::Host => Self::Host,
+            KeyByArg::Domain => Self::RegistrableDomain,
+            KeyByArg::HostPort => Self::HostPort,
+        }
+    }
 }
 
 /// `--fallback`: [`FallbackPolicy`] on the command line.
@@ -230,18 +266,37 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 impl Args {
-    /// The per-host pacing these arguments describe.
-    pub fn pacing(&self) -> anyhow::Result<Pacing> {
-        let mut pacing = Pacing::builder()
-            .max_concurrent(self.max_concurrent)
-            .min_delay(self.min_delay)
-            .quota(self.quota)
-            .jitter(self.jitter)
-            .max_penalty(self.max_penalty);
-        if let Some(window) = self.window {
-            pacing = pacing.window(window);
+    /// The per-host settings the flags give.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            min_delay: self.min_delay,
+            max_concurrent: self.max_concurrent,
+            cluster_concurrency: self.cluster_concurrency,
+            quota: self.quota,
+            window: self.window,
+            jitter: self.jitter,
+            max_penalty: self.max_penalty,
         }
-        Ok(pacing.build()?)
+    }
+
+    /// The per-host pacing the flags describe (the default of
+    /// [`policies`](Self::policies) without a policy file).
+    pub fn pacing(&self) -> anyhow::Result<Pacing> {
+        Ok(self.settings().pacing()?)
+    }
+
+    /// The default settings and every host's pacing: the flags, the
+    /// `--policy` file on top of them, keyed by `--key-by`.
+    pub fn policies(&self) -> anyhow::Result<(Settings, Policies)> {
+        let flags = self.settings();
+        let (default, policies) = match &self.policy {
+            Some(path) => load_policy_file(path, &flags)?,
+            None => {
+                let pacing = flags.pacing()?;
+                (flags, Policies::new(pacing))
+            }
+        };
+        Ok((default, policies.with_key_by(self.key_by.into())))
     }
 
     /// The limiter: in-process, or Redis-backed with an in-process fallback
@@ -252,13 +307,13 @@ impl Args {
 
     /// The limiter, and a probe naming the pacing mode for progress lines.
     pub async fn pacer(&self) -> anyhow::Result<Pacer> {
-        let pacing = self.pacing()?;
+        let (default, policies) = self.policies()?;
         let tls = self.redis_tls()?;
         let timeouts = RedisTimeouts::default();
         let pool = match (&self.redis, self.redis_cluster.as_slice(), &tls) {
             (None, [], _) => {
                 return Ok(Pacer {
-                    limiter: Arc::new(DomainLimiter::new(pacing)),
+                    limiter: Arc::new(DomainLimiter::new(policies)),
                     mode: Arc::new(|| "in-process"),
                 });
             }
@@ -273,8 +328,8 @@ impl Args {
             }
         };
         let limiter = RedisLimiter::builder(pool, self.scope.clone())
-            .pacing(pacing)
-            .cluster_concurrency(self.cluster_concurrency)
+            .policies(policies)
+            .cluster_concurrency(default.cluster_concurrency)
             .lease_ttl(self.lease_ttl)
             .fallback_policy(self.fallback.into())
             .build()?;

@@ -15,7 +15,7 @@ use anyhow::Context;
 use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
 use redislimit::http::{MaxWait, ServerSignal, retry_after};
-use redislimit::{Causes, Error, HostKey, Limiter};
+use redislimit::{Causes, Error, HostKey, KeyBy, Limiter};
 use redislimit_reqwest::{NotSent, PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde::Serialize;
@@ -31,7 +31,8 @@ use super::stop::{Stop, StopLevel};
 pub struct Fetched {
     /// The URL (with any user name and password redacted).
     pub url: String,
-    /// Its host key.
+    /// Its host key (the limiter's key: the registrable domain or
+    /// `host:port` with `--key-by domain` or `host-port`).
     pub host: String,
     /// The response status, when there was a response.
     pub status: Option<u16>,
@@ -193,6 +194,8 @@ pub struct Crawler {
     max_wait: Option<Duration>,
     max_penalty: Duration,
     progress_every: Duration,
+    /// What the report's `host` names (the limiter's key).
+    key_by: KeyBy,
     report: Option<Arc<Mutex<LineWriter<File>>>>,
     /// Set when a report line could not be written.
     report_failed: Arc<AtomicBool>,
@@ -317,6 +320,7 @@ impl Crawler {
             max_wait: args.max_wait,
             max_penalty: args.max_penalty,
             progress_every: args.progress_every,
+            key_by: args.key_by.into(),
             report: None,
             report_failed: Arc::default(),
             stop: Stop::new(),
@@ -729,7 +733,7 @@ impl Crawler {
         Fetched {
             url: redact(url),
             host: HostKey::from_url(url)
-                .map(|h| h.to_string())
+                .map(|h| self.key_by.key(&h).to_string())
                 .unwrap_or_default(),
             status,
             error,

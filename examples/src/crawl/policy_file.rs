@@ -1,0 +1,252 @@
+//! `--policy FILE`: per-host rules for the crawl, in TOML.
+//!
+//! ```toml
+//! # Optional: what hosts no rule matches get. Without it the flags
+//! # (--min-delay, --max-concurrent, ...) form the default; with it, the
+//! # settings it names replace those flags.
+//! [default]
+//! min_delay = "1s"
+//!
+//! # An exact host: an API allowing 5,000 requests an hour.
+//! [[rule]]
+//! match = "api.example.com"
+//! min_delay = "0ms"
+//! quota = 5000
+//! window = "1h"
+//!
+//! # `*.` and a suffix: every host below it (not the suffix itself).
+//! [[rule]]
+//! match = "*.cdn.example.com"
+//! min_delay = "100ms"
+//! cluster_concurrency = 4
+//! ```
+//!
+//! A rule starts from the default and changes the settings it names:
+//! `min_delay`, `max_concurrent`, `cluster_concurrency` (with Redis only;
+//! 0 serializes), `quota`, `window`, `jitter`, `max_penalty`; durations are
+//! strings like `"250ms"`, `"2s"`, `"1h"`. The most specific match wins (an
+//! exact host over any suffix, a longer suffix over a shorter). An unknown
+//! setting, a bad duration, a bad pattern or a pattern given twice is
+//! refused, naming the rule.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use redislimit::{Pacing, Policies, Rule};
+use serde::Deserialize;
+
+use super::args::parse_duration;
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    default: Option<Table>,
+    #[serde(default)]
+    rule: Vec<Table>,
+}
+
+/// `[default]` or one `[[rule]]`: the settings it names.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Table {
+    #[serde(rename = "match")]
+    pattern: Option<String>,
+    min_delay: Option<String>,
+    max_concurrent: Option<u32>,
+    cluster_concurrency: Option<u32>,
+    quota: Option<u32>,
+    window: Option<String>,
+    jitter: Option<String>,
+    max_penalty: Option<String>,
+}
+
+/// Every setting a host's pacing has, as the flags give them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `--min-delay`.
+    pub min_delay: Duration,
+    /// `--max-concurrent`.
+    pub max_concurrent: u32,
+    /// `--cluster-concurrency`.
+    pub cluster_concurrency: u32,
+    /// `--quota`.
+    pub quota: u32,
+    /// `--window`.
+    pub window: Option<Duration>,
+    /// `--jitter`.
+    pub jitter: Duration,
+    /// `--max-penalty`.
+    pub max_penalty: Duration,
+}
+
+impl Settings {
+    /// The pacing these settings describe.
+    pub fn pacing(&self) -> Result<Pacing, redislimit::ConfigError> {
+        let mut pacing = Pacing::builder()
+            .max_concurrent(self.max_concurrent)
+            .min_delay(self.min_delay)
+            .quota(self.quota)
+            .jitter(self.jitter)
+            .max_penalty(self.max_penalty);
+        if let Some(window) = self.window {
+            pacing = pacing.window(window);
+        }
+        pacing.build()
+    }
+
+    /// These settings with those `table` names.
+    fn with(&self, table: &Table) -> Result<Self, String> {
+        let duration = |v: &Option<String>, field: &str| {
+            v.as_deref()
+                .map(|text| parse_duration(text).map_err(|e| format!("{field}: {e}")))
+                .transpose()
+        };
+        Ok(Self {
+            min_delay: duration(&table.min_delay, "min_delay")?.unwrap_or(self.min_delay),
+            max_concurrent: table.max_concurrent.unwrap_or(self.max_concurrent),
+            cluster_concurrency: table
+                .cluster_concurrency
+                .unwrap_or(self.cluster_concurrency),
+            quota: table.quota.unwrap_or(self.quota),
+            window: duration(&table.window, "window")?.or(self.window),
+            jitter: duration(&table.jitter, "jitter")?.unwrap_or(self.jitter),
+            max_penalty: duration(&table.max_penalty, "max_penalty")?.unwrap_or(self.max_penalty),
+        })
+    }
+}
+
+/// The default settings and the policies of the file at `path`, on top of
+/// `flags`.
+pub fn load(path: &Path, flags: &Settings) -> anyhow::Result<(Settings, Policies)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the policy file {}", path.display()))?;
+    parse(&text, flags).with_context(|| format!("in the policy file {}", path.display()))
+}
+
+/// [`load`] from the file's text.
+pub(super) fn parse(text: &str, flags: &Settings) -> anyhow::Result<(Settings, Policies)> {
+    let file: File = toml::from_str(text)?;
+    let default = match &file.default {
+        Some(table) => {
+            if table.pattern.is_some() {
+                bail!("[default] takes no `match`: it is for the hosts no rule matches");
+            }
+            flags
+                .with(table)
+                .map_err(|e| anyhow::anyhow!("[default]: {e}"))?
+        }
+        None => flags.clone(),
+    };
+    let mut policies = Policies::new(
+        default
+            .pacing()
+            .map_err(|e| anyhow::anyhow!("[default]: {e}"))?,
+    );
+    for (n, table) in file.rule.iter().enumerate() {
+        let name = match &table.pattern {
+            Some(pattern) => format!("rule {} ({pattern:?})", n + 1),
+            None => bail!("rule {} has no `match`", n + 1),
+        };
+        let settings = default
+            .with(table)
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        let pacing = settings
+            .pacing()
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        let mut rule = Rule::new(table.pattern.clone().unwrap_or_default(), pacing);
+        if let Some(cap) = table.cluster_concurrency {
+            rule = rule.with_cluster_concurrency(cap);
+        }
+        policies = policies
+            .with_rule(rule)
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    }
+    Ok((default, policies))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redislimit::HostKey;
+
+    fn flags() -> Settings {
+        Settings {
+            min_delay: Duration::from_millis(250),
+            max_concurrent: 1,
+            cluster_concurrency: 0,
+            quota: 0,
+            window: None,
+            jitter: Duration::ZERO,
+            max_penalty: Duration::from_secs(600),
+        }
+    }
+
+    fn host(name: &str) -> HostKey {
+        HostKey::parse(&format!("http://{name}/")).unwrap()
+    }
+
+    #[test]
+    fn rules_start_from_the_default_and_the_default_from_the_flags() {
+        let text = r#"
+            [default]
+            min_delay = "1s"
+
+            [[rule]]
+            match = "api.example.com"
+            min_delay = "0ms"
+            quota = 5000
+            window = "1h"
+
+            [[rule]]
+            match = "*.cdn.example.com"
+            cluster_concurrency = 4
+            max_concurrent = 4
+        "#;
+        let (default, p) = parse(text, &flags()).unwrap();
+        assert_eq!(default.min_delay, Duration::from_secs(1));
+        assert_eq!(p.default_pacing().min_delay(), Duration::from_secs(1));
+        let api = p.pacing_for(&host("api.example.com"));
+        assert_eq!((api.min_delay(), api.quota()), (Duration::ZERO, 5000));
+        assert_eq!(api.window(), Duration::from_secs(3600));
+        let cdn = p.rule_for(&host("x.cdn.example.com")).unwrap();
+        assert_eq!(cdn.cluster_concurrency(), Some(4));
+        assert_eq!(
+            cdn.pacing().min_delay(),
+            Duration::from_secs(1),
+            "inherited"
+        );
+        assert_eq!(cdn.pacing().max_concurrent(), 4);
+        // Without [default], the flags are the default.
+        let (default, p) = parse("[[rule]]\nmatch = \"a.test\"\n", &flags()).unwrap();
+        assert_eq!(default, flags());
+        assert_eq!(p.rules().len(), 1);
+    }
+
+    #[test]
+    fn mistakes_are_refused_naming_the_rule() {
+        let refused = |text: &str| format!("{:#}", parse(text, &flags()).unwrap_err());
+        let bad = [
+            ("[[rule]]\nmatch = \"a.*.test\"\n", "rule 1 (\"a.*.test\")"),
+            (
+                "[[rule]]\nmatch = \"a.test\"\n[[rule]]\nmatch = \"a.test\"\n",
+                "rule 2",
+            ),
+            (
+                "[[rule]]\nmatch = \"a.test\"\nmin_delay = \"soon\"\n",
+                "min_delay",
+            ),
+            ("[[rule]]\nmatch = \"a.test\"\nquota = 5\n", "window"),
+            ("[[rule]]\nmin_delay = \"1s\"\n", "no `match`"),
+            ("[[rule]]\nmatch = \"a.test\"\nspeed = 3\n", "speed"),
+            ("[default]\nmatch = \"a.test\"\n", "[default]"),
+            ("[default]\nmax_concurrent = 0\n", "max_concurrent"),
+            ("not toml", "expected"),
+        ];
+        for (text, says) in bad {
+            let message = refused(text);
+            assert!(message.contains(says), "{text:?} said {message:?}");
+        }
+    }
+}
