@@ -1,15 +1,16 @@
 //! In-process overhead: an uncontended acquire + release, on one host and
 //! on 10,000 hosts round-robin, against a baseline built from well-known
 //! parts (governor's keyed rate-limiter check plus a tokio Semaphore
-//! acquire/release). Run by `cargo xtask bench`, which reads the results
-//! from `target/criterion`.
+//! acquire/release); and the 10,000 hosts again with 1,000 per-host rules
+//! (half exact hosts, half suffixes) against the same without rules. Run
+//! by `cargo xtask bench`, which reads the results from `target/criterion`.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use redislimit::{DomainLimiter, HostKey, Limiter, Pacing};
+use redislimit::{DomainLimiter, HostKey, Limiter, Pacing, Policies, Rule};
 use tokio::sync::Semaphore;
 
 const HOSTS: usize = 10_000;
@@ -60,6 +61,29 @@ fn overhead(c: &mut Criterion) {
             i = (i + 1) % HOSTS;
             let key = keys[i].clone();
             let limiter = &limiter;
+            async move {
+                let permit = limiter.acquire_host("bench", key, None).await.unwrap();
+                drop(permit);
+            }
+        })
+    });
+    // 1,000 rules: 500 exact hosts (h0 ... h499 match) and 500 suffixes
+    // (no host is below one, so every other lookup walks every label).
+    let mut policies = Policies::new(Pacing::default());
+    for r in 0..500 {
+        policies = policies
+            .with_rule(Rule::new(format!("h{r}.example"), Pacing::default()))
+            .unwrap()
+            .with_rule(Rule::new(format!("*.s{r}.example"), Pacing::default()))
+            .unwrap();
+    }
+    let ruled = rt.block_on(async { DomainLimiter::new(policies) });
+    let mut k = 0;
+    group.bench_function("ours_10k_hosts_1000_rules", |b| {
+        b.to_async(&rt).iter(|| {
+            k = (k + 1) % HOSTS;
+            let key = keys[k].clone();
+            let limiter = &ruled;
             async move {
                 let permit = limiter.acquire_host("bench", key, None).await.unwrap();
                 drop(permit);

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use crate::{ConfigError, HostKey, Pacing};
 
+type RuleMap = HashMap<Box<str>, usize, foldhash::fast::RandomState>;
+
 /// What the state a request is paced against is kept under: its key.
 ///
 /// Hooks, reports and Redis keys name the key; [`Policies`] rules still
@@ -186,10 +188,11 @@ pub struct Policies {
 struct Table {
     default: Pacing,
     rules: Vec<Rule>,
-    /// Exact host -> index in `rules`.
-    exact: HashMap<Box<str>, usize>,
+    /// Exact host -> index in `rules`. A fast hash: only the rules are
+    /// stored, so a hostile host name can slow no lookup but its own.
+    exact: RuleMap,
     /// Suffix (without `*.`) -> index in `rules`.
-    suffix: HashMap<Box<str>, usize>,
+    suffix: RuleMap,
     key_by: KeyBy,
 }
 
@@ -200,8 +203,8 @@ impl Policies {
             table: Arc::new(Table {
                 default,
                 rules: Vec::new(),
-                exact: HashMap::new(),
-                suffix: HashMap::new(),
+                exact: RuleMap::default(),
+                suffix: RuleMap::default(),
                 key_by: KeyBy::Host,
             }),
         }
