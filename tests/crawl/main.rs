@@ -9,6 +9,7 @@ mod budgets;
 mod cli;
 mod faults;
 mod lifecycle;
+mod metrics;
 mod modes;
 mod policies;
 mod robots;

@@ -149,3 +149,56 @@ async fn replicas_with_other_rules_are_refused() {
     let same = with(rules());
     drop(same.acquire_host("t", host("c.test"), None).await.unwrap());
 }
+
+/// `snapshot()` and `max_queued` through Redis and its fallback: this
+/// process's queue and permits, paced through Redis; a waiter beyond the
+/// bound refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_bounded_queues_through_redis() {
+    let server = RedisServer::start();
+    let limiter = Arc::new(
+        limiter(
+            standalone(&server.url()),
+            |p| p.min_delay(10 * MS).max_queued(2),
+            |b| b,
+        )
+        .with_fallback(),
+    );
+    let held = limiter
+        .acquire_host("t", host("a.test"), None)
+        .await
+        .unwrap();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                drop(
+                    limiter
+                        .acquire_host("t", host("a.test"), None)
+                        .await
+                        .unwrap(),
+                );
+            })
+        })
+        .collect();
+    tokio::time::sleep(100 * MS).await;
+    let snapshot = limiter.snapshot(5);
+    let a = snapshot.host(&host("a.test")).expect("a.test is busy");
+    assert_eq!((a.queued, a.in_flight), (2, 1), "{snapshot:?}");
+    assert_eq!(a.paced_by, redislimit::PacedBy::Shared);
+    assert_eq!((snapshot.queued, snapshot.in_flight), (2, 1));
+    assert!(matches!(
+        limiter.acquire_host("t", host("a.test"), None).await,
+        Err(Error::QueueFull {
+            queued: 2,
+            max: 2,
+            ..
+        })
+    ));
+    drop(held);
+    for w in waiters {
+        crate::bounded(10, w).await.unwrap();
+    }
+    let idle = limiter.snapshot(5);
+    assert_eq!((idle.queued, idle.in_flight), (0, 0), "{idle:?}");
+}

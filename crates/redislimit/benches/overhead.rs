@@ -2,7 +2,9 @@
 //! on 10,000 hosts round-robin, against a baseline built from well-known
 //! parts (governor's keyed rate-limiter check plus a tokio Semaphore
 //! acquire/release); and the 10,000 hosts again with 1,000 per-host rules
-//! (half exact hosts, half suffixes) against the same without rules. Run
+//! (half exact hosts, half suffixes) against the same without rules; and
+//! a `snapshot()` of 100,000 hosts with a request in flight each, 1,000
+//! of them with an acquire waiting. Run
 //! by `cargo xtask bench`, which reads the results from `target/criterion`.
 
 use std::num::NonZeroU32;
@@ -90,6 +92,29 @@ fn overhead(c: &mut Criterion) {
             }
         })
     });
+    // A snapshot of 100,000 hosts, each with a request in flight, 1,000
+    // of them with an acquire waiting behind it.
+    let busy = rt.block_on(async { DomainLimiter::new(Pacing::default()) });
+    let permits: Vec<_> = rt.block_on(async {
+        let mut permits = Vec::with_capacity(100_000);
+        for i in 0..100_000 {
+            let host = HostKey::parse(&format!("http://s{i}.example/")).unwrap();
+            permits.push(busy.acquire_host("bench", host, None).await.unwrap());
+        }
+        for i in 0..1_000 {
+            let host = HostKey::parse(&format!("http://s{i}.example/")).unwrap();
+            let busy = busy.clone();
+            tokio::spawn(async move { drop(busy.acquire_host("bench", host, None).await) });
+        }
+        while busy.snapshot(0).queued < 1_000 {
+            tokio::task::yield_now().await;
+        }
+        permits
+    });
+    group.bench_function("snapshot_100k_hosts", |b| {
+        b.iter(|| std::hint::black_box(busy.snapshot(20)))
+    });
+    drop(permits);
     let mut j = 0;
     group.bench_function("baseline_10k_hosts", |b| {
         b.to_async(&rt).iter(|| {

@@ -40,6 +40,19 @@ pub enum Error {
         remaining: Duration,
     },
 
+    /// The host already had as many acquires waiting in this process as
+    /// its pacing's [`max_queued`](crate::PacingBuilder::max_queued)
+    /// allows. Returned at once; nothing was booked.
+    #[error("{queued} acquires already wait for {host} (at most {max} may)")]
+    QueueFull {
+        /// The host (its key).
+        host: String,
+        /// How many were waiting.
+        queued: usize,
+        /// The bound.
+        max: u32,
+    },
+
     /// The URL could not be parsed, or it has no host to pace (`mailto:`,
     /// `file:///`, `data:` ...).
     #[error("cannot pace {url:?}: {reason}")]

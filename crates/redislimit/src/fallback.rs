@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::hooks::WaitReport;
 use crate::pacing::after;
+use crate::snapshot::{PacedBy, Snapshot};
 use crate::{
     BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit,
     Policies, WaitOutcome,
@@ -611,6 +612,23 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         })
     }
 
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let key = self.fallback.policies().key(host);
+        self.hooks.on_hold(&key, cause, hold);
+    }
+
+    /// The in-process side's view, where every acquire waits first: while
+    /// the primary answers, hosts are paced by it ([`PacedBy::Shared`],
+    /// times unknown here); while it does not, in process
+    /// ([`PacedBy::Fallback`], with the next send and penalty end).
+    fn snapshot(&self, top: usize) -> Snapshot {
+        if self.is_degraded() {
+            self.fallback.snapshot_as(top, PacedBy::Fallback, true)
+        } else {
+            self.fallback.snapshot_as(top, PacedBy::Shared, false)
+        }
+    }
+
     /// The primary's shared gap, when it keeps one; the hold it reports is
     /// mirrored in the fallback, as a penalty is. A primary that is
     /// unavailable fails the future, and the caller keeps the gap itself.
@@ -712,6 +730,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                     self.shares.answered();
                     if self.degraded.swap(false, Ordering::Relaxed) {
                         tracing::info!("the shared limiter answers again: pacing is shared");
+                        self.hooks.on_fallback(false);
                     }
                     if turn_ends.is_some_and(|ends| Instant::now() > ends) {
                         // Admitted too late for this turn: not sent,
@@ -794,6 +813,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 tracing::debug!(host = %host, error = %crate::Causes(&err), ?plan, "pacing in-process");
             } else {
                 tracing::warn!(host = %host, error = %crate::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
+                self.hooks.on_fallback(true);
             }
             // Taken back unless sent (a blown budget, a dropped future).
             let local = Provisional(Some(

@@ -18,6 +18,8 @@ pub enum WaitOutcome {
     /// The wait was longer than the caller's deadline allowed
     /// ([`Error::WaitBudget`]).
     BudgetExceeded,
+    /// The host's queue was full ([`Error::QueueFull`]).
+    QueueFull,
 }
 
 impl WaitOutcome {
@@ -27,6 +29,7 @@ impl WaitOutcome {
             Self::Acquired => "acquired",
             Self::Canceled => "canceled",
             Self::BudgetExceeded => "budget_exceeded",
+            Self::QueueFull => "queue_full",
         }
     }
 }
@@ -39,8 +42,8 @@ impl fmt::Display for WaitOutcome {
 
 /// Callbacks a limiter makes on its decisions; wire them to metrics.
 ///
-/// Both methods default to doing nothing, so an implementation overrides
-/// only what it records. They are called on the acquiring task, so they
+/// Every method defaults to doing nothing (or to the less detailed one),
+/// so an implementation overrides only what it records. They are called on the acquiring task, so they
 /// must be quick and must not block.
 ///
 /// [`on_wait`](Self::on_wait) fires exactly once per acquire that reached a
@@ -71,6 +74,34 @@ pub trait Hooks: Send + Sync + fmt::Debug {
     /// An acquire for `engine` ended with `outcome` after `waited`.
     fn on_wait(&self, engine: &str, outcome: WaitOutcome, waited: Duration) {
         let _ = (engine, outcome, waited);
+    }
+
+    /// [`on_wait`](Self::on_wait), naming the host's key too; what the
+    /// limiters call. The default calls `on_wait`.
+    fn on_host_wait(&self, engine: &str, host: &HostKey, outcome: WaitOutcome, waited: Duration) {
+        let _ = host;
+        self.on_wait(engine, outcome, waited);
+    }
+
+    /// A host was held back for `hold` because of `cause` (what a pacing
+    /// middleware applied: `retry-after`, `budget-spent`, `budget-low`,
+    /// `default-penalty`, `backoff`, `recovering`; see
+    /// [`http::ServerSignal::cause`](crate::http::ServerSignal::cause)),
+    /// reported through [`Limiter::report_hold`](crate::Limiter::report_hold).
+    fn on_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let _ = (host, cause, hold);
+    }
+
+    /// A fallback limiter started (`true`) or stopped (`false`) pacing in
+    /// process because its shared limiter is unavailable.
+    fn on_fallback(&self, active: bool) {
+        let _ = active;
+    }
+
+    /// A lease in Redis lapsed before its renewal: the slot at `key` may
+    /// have been taken by another request (also reported to `on_error`).
+    fn on_lease_lost(&self, key: &str) {
+        let _ = key;
     }
 
     /// A host's shared state at `key` was of the wrong type or unparseable
@@ -153,21 +184,31 @@ impl<'a> WaitReport<'a> {
         self.done = true;
     }
 
-    /// An inner limiter failed with `err`: a blown budget is this acquire's
-    /// decision too, anything else made none. Hands `err` back.
+    /// An inner limiter failed with `err`: a blown budget or a full queue
+    /// is this acquire's decision too, anything else made none. Hands
+    /// `err` back.
     pub(crate) fn fail(&mut self, err: Error) -> Error {
-        if matches!(err, Error::WaitBudget { .. }) {
-            let waited = self.start.elapsed();
-            self.emit(WaitOutcome::BudgetExceeded, waited);
-        } else {
-            self.done = true;
+        let waited = self.start.elapsed();
+        match err {
+            Error::WaitBudget { .. } => self.emit(WaitOutcome::BudgetExceeded, waited),
+            Error::QueueFull { .. } => self.emit(WaitOutcome::QueueFull, waited),
+            _ => self.done = true,
         }
         err
     }
 
+    /// The host's queue holds `queued`, the most `max` allows: the acquire
+    /// is refused at once.
+    pub(crate) fn queue_full(self, queued: usize, max: u32) -> Error {
+        let host = self.host.to_string();
+        self.finish(WaitOutcome::QueueFull);
+        Error::QueueFull { host, queued, max }
+    }
+
     fn emit(&mut self, outcome: WaitOutcome, waited: Duration) {
         self.done = true;
-        self.hooks.on_wait(self.engine, outcome, waited);
+        self.hooks
+            .on_host_wait(self.engine, self.host, outcome, waited);
         tracing::debug!(
             engine = self.engine,
             host = %self.host,

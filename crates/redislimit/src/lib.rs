@@ -69,11 +69,16 @@ pub mod http;
 mod key;
 mod limiter;
 mod local;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod pacing;
 mod policy;
 #[cfg(feature = "redis")]
 mod redis;
+mod snapshot;
 
+#[cfg(feature = "metrics")]
+pub use self::metrics::MetricsHooks;
 #[cfg(feature = "tls-rustls")]
 pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
@@ -90,6 +95,7 @@ pub use self::{
     local::DomainLimiter,
     pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
     policy::{KeyBy, Policies, Rule},
+    snapshot::{HostSnapshot, PacedBy, Snapshot},
 };
 #[cfg(feature = "redis")]
 pub use deadpool_redis;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::{Error, HostKey};
+use crate::{Error, HostKey, Snapshot};
 
 /// A boxed, `Send` future, as the object-safe [`Limiter`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -92,6 +92,27 @@ pub trait Limiter: Send + Sync + fmt::Debug {
     ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
         let _ = (host, step);
         None
+    }
+
+    /// Tells the limiter's hooks that `host` was held back for `hold`
+    /// because of `cause` ([`Hooks::on_hold`](crate::Hooks::on_hold)); a
+    /// pacing middleware calls it after applying what a response asked
+    /// for. The default does nothing.
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let _ = (host, cause, hold);
+    }
+
+    /// What the limiter is doing now: the `top` hosts with the most
+    /// acquires waiting (then most in flight) with their queues, requests
+    /// in flight, next send and penalty end where known, and where they
+    /// are paced; and totals over every host (hosts held, waiting, in
+    /// flight). It visits only hosts with acquires waiting, kept in a set
+    /// as they queue, and sends nothing anywhere: cheap enough to call
+    /// every second on a crawl of millions of hosts. The default reports
+    /// nothing (a limiter keeping no state of its own).
+    fn snapshot(&self, top: usize) -> Snapshot {
+        let _ = top;
+        Snapshot::default()
     }
 
     /// Shuts the limiter down: from now on acquires fail with
@@ -204,6 +225,14 @@ macro_rules! forward_limiter {
                 step: BackoffStep,
             ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
                 (**self).back_off_host(host, step)
+            }
+
+            fn snapshot(&self, top: usize) -> Snapshot {
+                (**self).snapshot(top)
+            }
+
+            fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+                (**self).report_hold(host, cause, hold)
             }
 
             fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {

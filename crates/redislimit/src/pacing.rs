@@ -40,6 +40,7 @@ pub enum Spacing {
 /// | [`quota`](PacingBuilder::quota) / [`window`](PacingBuilder::window) | at most `quota` admissions in any sliding `window` | 0 (off) |
 /// | [`jitter`](PacingBuilder::jitter) | a random extra of up to this much on every nonzero wait | 0 |
 /// | [`max_penalty`](PacingBuilder::max_penalty) | cap on a single penalty (`Retry-After`) | 10 minutes |
+/// | [`max_queued`](PacingBuilder::max_queued) | acquires waiting per host in this process; one more fails at once with [`Error::QueueFull`](crate::Error::QueueFull) | unbounded |
 ///
 /// Zero disables `min_delay`, `quota` (with `window` left at zero too) and
 /// `jitter`, and nothing else: a zero `max_concurrent` or `max_penalty` is
@@ -71,6 +72,7 @@ pub struct Pacing {
     window: Duration,
     jitter: Duration,
     max_penalty: Duration,
+    max_queued: Option<u32>,
 }
 
 impl Pacing {
@@ -88,6 +90,7 @@ impl Pacing {
                 window: Duration::ZERO,
                 jitter: Duration::ZERO,
                 max_penalty: Self::DEFAULT_MAX_PENALTY,
+                max_queued: None,
             },
         }
     }
@@ -129,6 +132,12 @@ impl Pacing {
         self.max_penalty
     }
 
+    /// How many acquires may wait per host in this process; `None` when
+    /// unbounded.
+    pub fn max_queued(&self) -> Option<u32> {
+        self.max_queued
+    }
+
     /// `wait` plus a uniformly drawn extra in `0..=jitter`, or zero when
     /// `wait` is zero: only a caller that has to wait anyway is spread out.
     pub(crate) fn jittered(&self, wait: Duration) -> Duration {
@@ -167,6 +176,12 @@ impl Pacing {
     /// The same pacing with `min_delay` counted from `spacing`.
     pub(crate) fn with_spacing(mut self, spacing: Spacing) -> Self {
         self.spacing = spacing;
+        self
+    }
+
+    /// The same pacing with another bound on waiting acquires.
+    pub(crate) fn with_max_queued(mut self, n: Option<u32>) -> Self {
+        self.max_queued = n;
         self
     }
 
@@ -284,6 +299,18 @@ impl PacingBuilder {
     /// cannot park a host for longer; must be nonzero.
     pub fn max_penalty(mut self, d: Duration) -> Self {
         self.pacing.max_penalty = d;
+        self
+    }
+
+    /// At most `n` acquires waiting per host in this process: one more
+    /// fails at once with [`Error::QueueFull`](crate::Error::QueueFull),
+    /// booking nothing, so a caller can shed load instead of piling up
+    /// waiters. 0 lets nobody wait: an acquire is admitted at once or
+    /// refused. Unbounded by default. With a Redis limiter, requests
+    /// admitted in this process and asking Redis count against the
+    /// in-flight cap, not this bound.
+    pub fn max_queued(mut self, n: u32) -> Self {
+        self.pacing.max_queued = Some(n);
         self
     }
 

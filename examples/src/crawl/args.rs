@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use redislimit::{
-    DomainLimiter, FallbackLimiter, FallbackPolicy, HostKey, KeyBy, Limiter, Pacing, Policies,
-    RedisLimiter, RedisPool, RedisTimeouts, RedisTls,
+    DomainLimiter, FallbackLimiter, FallbackPolicy, Hooks, HostKey, KeyBy, Limiter, MetricsHooks,
+    NoHooks, Pacing, Policies, RedisLimiter, RedisPool, RedisTimeouts, RedisTls,
 };
 
 use super::policy_file::{Settings, load as load_policy_file};
@@ -168,6 +168,11 @@ pub struct Args {
     /// each request's own host. Replicas sharing Redis must agree.
     #[arg(long, value_enum, default_value_t = KeyByArg::Host)]
     pub key_by: KeyByArg,
+    /// Serve the limiter's metrics (`redislimit_acquires_total`,
+    /// `redislimit_wait_seconds`, `redislimit_holds_total`, ...) for
+    /// Prometheus at http://ADDR/metrics while the crawl runs.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `--key-by`: [`KeyBy`] on the command line.
@@ -308,12 +313,16 @@ impl Args {
     /// The limiter, and a probe naming the pacing mode for progress lines.
     pub async fn pacer(&self) -> anyhow::Result<Pacer> {
         let (default, policies) = self.policies()?;
+        let hooks: Arc<dyn Hooks> = match self.metrics_addr {
+            Some(_) => Arc::new(MetricsHooks::new()),
+            None => Arc::new(NoHooks),
+        };
         let tls = self.redis_tls()?;
         let timeouts = RedisTimeouts::default();
         let pool = match (&self.redis, self.redis_cluster.as_slice(), &tls) {
             (None, [], _) => {
                 return Ok(Pacer {
-                    limiter: Arc::new(DomainLimiter::new(policies)),
+                    limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
                     mode: Arc::new(|| "in-process"),
                 });
             }
@@ -329,6 +338,7 @@ impl Args {
         };
         let limiter = RedisLimiter::builder(pool, self.scope.clone())
             .policies(policies)
+            .hooks(hooks)
             .cluster_concurrency(default.cluster_concurrency)
             .lease_ttl(self.lease_ttl)
             .fallback_policy(self.fallback.into())
@@ -369,6 +379,12 @@ impl Args {
             bail!("no URLs to fetch");
         }
         let total = input.urls.len();
+        if let Some(addr) = self.metrics_addr {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .install()
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        }
         let pacer = self.pacer().await?;
         let mut crawler =
             Crawler::new(Arc::clone(&pacer.limiter), &self)?.with_mode(Arc::clone(&pacer.mode));

@@ -409,9 +409,21 @@ impl Crawler {
     fn progress_line(&self, counters: &Progress, total: usize, started: Instant) {
         let elapsed = started.elapsed().as_secs_f64().max(0.001);
         let sent = counters.sent.load(Ordering::Relaxed);
+        // The limiter's own view: the hosts most waited for.
+        let snapshot = self.limiter.snapshot(3);
+        let top: Vec<String> = snapshot
+            .hosts
+            .iter()
+            .map(|h| format!("{} {}", h.host, h.queued))
+            .collect();
+        let top = if top.is_empty() {
+            String::new()
+        } else {
+            format!(" (most: {})", top.join(", "))
+        };
         tracing::info!(
             target: "crawl",
-            "progress: {}/{total} done, {:.1} sent/s, {} hosts waiting, {} penalized, pacing {}{}",
+            "progress: {}/{total} done, {:.1} sent/s, {} hosts waiting{top}, {} penalized, pacing {}{}",
             counters.done.load(Ordering::Relaxed),
             sent as f64 / elapsed,
             counters.waiting.load(Ordering::Relaxed),

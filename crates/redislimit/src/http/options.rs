@@ -177,6 +177,7 @@ impl PaceOptions {
                 ServerSignal::Recovering(gap)
             }
         };
+        limiter.report_hold(&host, signal.cause(), signal.hold());
         let hold_ms = u64::try_from(signal.hold().as_millis()).unwrap_or(u64::MAX);
         match signal {
             ServerSignal::Recovering(_) => {

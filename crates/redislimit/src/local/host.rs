@@ -41,6 +41,8 @@ pub(crate) struct HostState {
     sent_gap_until: Instant,
     /// The latest send recorded by [`try_send`](Self::try_send).
     last_sent: Option<Instant>,
+    /// The end of the longest penalty so far (for introspection).
+    held_until: Instant,
 }
 
 /// What an admission changed, so that it can be taken back.
@@ -73,7 +75,13 @@ impl HostState {
             epoch: 0,
             sent_gap_until: now,
             last_sent: None,
+            held_until: now,
         }
+    }
+
+    /// When the longest penalty so far ends.
+    pub(crate) fn held_until(&self) -> Instant {
+        self.held_until
     }
 
     /// The latest send recorded by [`try_send`](Self::try_send).
@@ -82,7 +90,6 @@ impl HostState {
     }
 
     /// Requests in flight.
-    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight
     }
@@ -256,6 +263,7 @@ impl HostState {
     pub(crate) fn penalize(&mut self, now: Instant, hold: Duration) {
         self.epoch = self.epoch.wrapping_add(1);
         self.ready_at = self.ready_at.max(after(now, hold));
+        self.held_until = self.held_until.max(after(now, hold));
     }
 
     /// From when on this state constrains nothing (it is equivalent to a

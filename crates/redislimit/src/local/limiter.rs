@@ -1,7 +1,7 @@
 //! `DomainLimiter`: strict-FIFO, event-driven per-host pacing in one process.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +16,7 @@ use super::sweep::{Sweep, SweepSignal};
 use crate::hooks::WaitReport;
 use crate::limiter::Admitted;
 use crate::pacing::after;
+use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
     BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, Policies, WaitOutcome,
 };
@@ -73,6 +74,10 @@ struct Inner {
     sweep: Arc<SweepSignal>,
     /// Set by [`Limiter::close`]: nothing is admitted any more.
     closed: AtomicBool,
+    /// Whether hosts with requests in flight (and none waiting) are kept in
+    /// each shard's `busy` set too: for the Redis limiter's queue of
+    /// callers asking Redis, whose "in flight" are waiting.
+    track_in_flight: bool,
 }
 
 /// One slice of the host map. A `std::sync::Mutex`, not Tokio's: every
@@ -82,6 +87,12 @@ struct Shard {
     hosts: HashMap<HostKey, Entry>,
     /// When each idle host may be forgotten; at most one item per host.
     expiries: BinaryHeap<Reverse<(Instant, HostKey)>>,
+    /// Acquires waiting, and requests in flight, over the shard's hosts.
+    queued: usize,
+    in_flight: usize,
+    /// The hosts with acquires waiting (and, when tracked, in flight):
+    /// what a snapshot lists, without a pass over every host.
+    busy: HashSet<HostKey>,
 }
 
 struct Entry {
@@ -131,8 +142,20 @@ impl DomainLimiter {
                 next_id: AtomicU64::new(0),
                 sweep: Arc::new(SweepSignal::new()),
                 closed: AtomicBool::new(false),
+                track_in_flight: false,
             }),
         }
+    }
+
+    /// A limiter whose snapshot counts requests in flight as waiting (the
+    /// Redis limiter's queue of callers asking Redis).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn tracking_in_flight(policies: impl Into<Policies>) -> Self {
+        let mut limiter = Self::new(policies);
+        if let Some(inner) = Arc::get_mut(&mut limiter.inner) {
+            inner.track_in_flight = true;
+        }
+        limiter
     }
 
     /// The pacing of hosts no rule matches.
@@ -159,6 +182,62 @@ impl DomainLimiter {
     /// have not yet elapsed.
     pub fn host_count(&self) -> usize {
         self.inner.shards.iter().map(|s| lock(s).hosts.len()).sum()
+    }
+
+    /// Calls `f` with each busy host's key (acquires waiting, or in flight
+    /// when tracked), its waiting acquires, requests in flight, earliest
+    /// next send and penalty end; returns the totals over every host
+    /// (hosts, waiting, in flight). One shard locked at a time; `f` must
+    /// not call into this limiter.
+    pub(crate) fn visit_busy(
+        &self,
+        mut f: impl FnMut(&HostKey, usize, usize, Instant, Instant),
+    ) -> (usize, usize, usize) {
+        let mut totals = (0, 0, 0);
+        for shard in &self.inner.shards {
+            let guard = lock(shard);
+            totals.0 += guard.hosts.len();
+            totals.1 += guard.queued;
+            totals.2 += guard.in_flight;
+            for host in &guard.busy {
+                let Some(entry) = guard.hosts.get(host) else {
+                    continue;
+                };
+                let pacing = self.inner.policies.at(entry.policy);
+                f(
+                    host,
+                    entry.queue.len(),
+                    entry.state.in_flight() as usize,
+                    entry.state.next_send(pacing),
+                    entry.state.held_until(),
+                );
+            }
+        }
+        totals
+    }
+
+    /// [`Limiter::snapshot`], naming `paced_by`, with the next send and
+    /// penalty end when `times` (this process decides them).
+    pub(crate) fn snapshot_as(&self, top: usize, paced_by: PacedBy, times: bool) -> Snapshot {
+        let now = Instant::now();
+        let mut tops = TopHosts::new(top);
+        let (active_hosts, queued, in_flight) =
+            self.visit_busy(|host, queued, in_flight, next, held| {
+                tops.offer(queued, in_flight, true, || HostSnapshot {
+                    host: host.clone(),
+                    queued,
+                    in_flight,
+                    next_send: times.then_some(next.max(now)),
+                    held_until: (times && held > now).then_some(held),
+                    paced_by,
+                });
+            });
+        Snapshot {
+            hosts: tops.into_hosts(),
+            active_hosts,
+            queued,
+            in_flight,
+        }
     }
 }
 
@@ -188,6 +267,17 @@ impl Limiter for DomainLimiter {
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.inner.penalize(host, hold);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let key = self.inner.policies.key(host);
+        self.inner.hooks.on_hold(&key, cause, hold);
+    }
+
+    /// Every host is in process; its next send and penalty end are known.
+    /// One pass over every host's state, a shard locked at a time.
+    fn snapshot(&self, top: usize) -> Snapshot {
+        self.snapshot_as(top, PacedBy::InProcess, true)
     }
 
     /// Refuses every acquire from now on and wakes the waiting ones with
@@ -245,9 +335,21 @@ async fn acquire(
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
             let admission = entry.state.admit(start, pacing);
             entry.policy = policy;
+            guard.in_flight += 1;
+            if inner.track_in_flight {
+                guard.mark(&host, true);
+            }
             drop(guard);
             report.finish_waited(WaitOutcome::Acquired, Duration::ZERO);
             return Ok(inner.permit(host.clone(), Duration::ZERO, admission, policy));
+        }
+        if let Some(max) = pacing.max_queued()
+            && entry.queue.len() >= max as usize
+        {
+            let queued = entry.queue.len();
+            guard.settle(&host, &inner.policies, &inner.sweep);
+            drop(guard);
+            return Err(report.queue_full(queued, max));
         }
         if let Some(deadline) = deadline {
             let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);
@@ -262,6 +364,8 @@ async fn acquire(
             id,
             wake: Arc::clone(&wake),
         });
+        guard.queued += 1;
+        guard.mark(&host, inner.track_in_flight);
         (id, wake)
     };
     let mut place = Place {
@@ -280,7 +384,7 @@ async fn acquire(
         let step = {
             let mut guard = lock(shard);
             let entry = guard.entry(&host, now, policy);
-            match entry.queue.iter().position(|w| w.id == id) {
+            let step = match entry.queue.iter().position(|w| w.id == id) {
                 Some(0) => match entry.state.decide(now, pacing) {
                     Decision::Admit => {
                         entry.queue.pop_front();
@@ -302,9 +406,17 @@ async fn acquire(
                         id,
                         wake: Arc::clone(&wake),
                     });
+                    guard.queued += 1;
+                    guard.mark(&host, inner.track_in_flight);
                     Step::Park(now)
                 }
+            };
+            if matches!(step, Step::Admitted(_)) {
+                guard.queued -= 1;
+                guard.in_flight += 1;
+                guard.mark(&host, inner.track_in_flight);
             }
+            step
         };
         match step {
             Step::Admitted(admission) => {
@@ -379,10 +491,13 @@ impl Inner {
     fn undo(&self, host: &HostKey, admission: &Admission) {
         let mut guard = lock(self.shard(host));
         if let Some(entry) = guard.hosts.get_mut(host) {
+            let before = entry.state.in_flight();
             entry.state.undo(admission);
             if let Some(head) = entry.queue.front() {
                 head.wake.notify_one();
             }
+            let ended = (before - entry.state.in_flight()) as usize;
+            guard.ended(host, ended, self.track_in_flight);
         }
         guard.settle(host, &self.policies, &self.sweep);
     }
@@ -396,10 +511,13 @@ impl Inner {
         let now = Instant::now();
         let mut guard = lock(self.shard(host));
         if let Some(entry) = guard.hosts.get_mut(host) {
+            let before = entry.state.in_flight();
             entry.state.complete(now, self.policies.at(policy));
             if let Some(head) = entry.queue.front() {
                 head.wake.notify_one();
             }
+            let ended = (before - entry.state.in_flight()) as usize;
+            guard.ended(host, ended, self.track_in_flight);
         }
         guard.settle(host, &self.policies, &self.sweep);
     }
@@ -436,7 +554,9 @@ impl Sweep for Inner {
         for shard in &self.shards {
             loop {
                 let mut guard = lock(shard);
-                let Shard { hosts, expiries } = &mut *guard;
+                let Shard {
+                    hosts, expiries, ..
+                } = &mut *guard;
                 let mut budget = SWEEP_BATCH;
                 while budget > 0
                     && let Some(Reverse((at, _))) = expiries.peek()
@@ -482,6 +602,30 @@ impl Sweep for Inner {
 }
 
 impl Shard {
+    /// Keeps `host` in the busy set exactly while it has acquires waiting
+    /// (or, when `track`ed, requests in flight).
+    fn mark(&mut self, host: &HostKey, track: bool) {
+        let busy = self
+            .hosts
+            .get(host)
+            .is_some_and(|e| !e.queue.is_empty() || (track && e.state.in_flight() > 0));
+        if busy {
+            if !self.busy.contains(host) {
+                self.busy.insert(host.clone());
+            }
+        } else if !self.busy.is_empty() {
+            self.busy.remove(host);
+        }
+    }
+
+    /// `ended` of `host`'s requests in flight ended.
+    fn ended(&mut self, host: &HostKey, ended: usize, track: bool) {
+        self.in_flight -= ended;
+        if track {
+            self.mark(host, true);
+        }
+    }
+
     fn entry(&mut self, host: &HostKey, now: Instant, policy: usize) -> &mut Entry {
         self.hosts.entry(host.clone()).or_insert_with(|| Entry {
             state: HostState::new(now),
@@ -555,6 +699,8 @@ impl Drop for Place<'_> {
             {
                 next.wake.notify_one();
             }
+            guard.queued -= 1;
+            guard.mark(self.host, self.inner.track_in_flight);
         }
         guard.settle(self.host, &self.inner.policies, &self.inner.sweep);
     }

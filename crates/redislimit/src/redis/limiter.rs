@@ -19,6 +19,7 @@ use super::registry::{FallbackPolicy, Registry, RegistryPlan};
 use super::script::{ACQUIRE, ADOPT, BACKOFF, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::pacing::{after, micros};
+use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
     BackoffStep, BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey,
     Limiter, NoHooks, Op, Pacing, Permit, Policies, Spacing, WaitOutcome,
@@ -363,14 +364,16 @@ impl RedisLimiterBuilder {
             .collect();
         // The per-process cap of each policy, raised to its cluster cap.
         let local = policies.map(|i, pacing| {
-            Pacing::default().with_max_concurrent(pacing.max_concurrent().max(args[i].cap))
+            Pacing::default()
+                .with_max_concurrent(pacing.max_concurrent().max(args[i].cap))
+                .with_max_queued(pacing.max_queued())
         });
         let pollers = policies.map(|_, _| Pacing::default());
         Ok(RedisLimiter {
             report_waits: true,
             shared: Arc::new(Shared {
                 local: DomainLimiter::new(local),
-                pollers: DomainLimiter::new(pollers),
+                pollers: DomainLimiter::tracking_in_flight(pollers),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
                 acquiring: AtomicUsize::new(0),
@@ -610,6 +613,22 @@ impl Limiter for RedisLimiter {
         ago: Duration,
     ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
         Box::pin(self.shared.adopt(host, ago))
+    }
+
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        // Under a fallback limiter, which reports it to the same hooks.
+        if self.report_waits {
+            let key = self.shared.policies.key(host);
+            self.shared.hooks.on_hold(&key, cause, hold);
+        }
+    }
+
+    /// This process's view: waiting counts the acquires queued here and
+    /// those asking Redis; in flight, the permits held. The next send and
+    /// penalties live in Redis (see [`keys`](RedisLimiter::keys)), so they
+    /// are `None`.
+    fn snapshot(&self, top: usize) -> Snapshot {
+        self.shared.snapshot(top)
     }
 
     /// Kept in the host's gate hash (its `backoff` field), so every
@@ -1034,6 +1053,53 @@ impl Shared {
 }
 
 impl Shared {
+    /// [`Limiter::snapshot`] of this process's part.
+    pub(super) fn snapshot(&self, top: usize) -> Snapshot {
+        // Admitted by the in-process cap but still asking Redis (polling,
+        // or queued to poll): waiting, not in flight.
+        let mut asking: std::collections::HashMap<HostKey, usize> =
+            std::collections::HashMap::new();
+        let (_, poll_queued, polling) = self.pollers.visit_busy(|host, queued, polling, _, _| {
+            asking.insert(host.clone(), queued + polling);
+        });
+        let mut tops = TopHosts::new(top);
+        let mut offer = |host: &HostKey, queued: usize, admitted: usize, asking: usize| {
+            let (queued, in_flight) = (queued + asking, admitted.saturating_sub(asking));
+            tops.offer(queued, in_flight, true, || HostSnapshot {
+                host: host.clone(),
+                queued,
+                in_flight,
+                next_send: None,
+                held_until: None,
+                paced_by: PacedBy::Shared,
+            });
+        };
+        let mut seen = std::collections::HashSet::new();
+        let (active_hosts, queued, admitted) =
+            self.local.visit_busy(|host, queued, admitted, _, _| {
+                seen.insert(host.clone());
+                offer(
+                    host,
+                    queued,
+                    admitted,
+                    asking.get(host).copied().unwrap_or(0),
+                );
+            });
+        // Hosts asking Redis with nobody queued in process behind them.
+        for (host, asking) in &asking {
+            if !seen.contains(host) {
+                offer(host, 0, *asking, *asking);
+            }
+        }
+        let asking_total = poll_queued + polling;
+        Snapshot {
+            hosts: tops.into_hosts(),
+            active_hosts,
+            queued: queued + asking_total,
+            in_flight: admitted.saturating_sub(asking_total),
+        }
+    }
+
     /// [`Limiter::back_off_host`]: one run of `backoff.lua`.
     async fn back_off(
         self: &Arc<Self>,

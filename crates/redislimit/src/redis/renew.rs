@@ -71,6 +71,7 @@ impl Shared {
                         "the lease had lapsed before it was renewed; its slot may be taken",
                     );
                     tracing::warn!(gate = %keys.gate, "lease lost");
+                    self.hooks.on_lease_lost(&keys.gate);
                     self.hooks.on_error(Op::Renew, &err);
                     return;
                 }

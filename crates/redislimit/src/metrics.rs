@@ -1,0 +1,105 @@
+//! [`MetricsHooks`]: the limiters' hooks recorded through the `metrics`
+//! crate facade (feature `metrics`).
+
+use std::time::Duration;
+
+use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
+
+/// [`Hooks`] that record every decision through the [`metrics`] facade, so
+/// whichever exporter the program installs (Prometheus, StatsD,
+/// OpenTelemetry) receives them. Names follow Prometheus conventions
+/// (`_total` counters, base units):
+///
+/// | metric | kind | labels | what |
+/// |---|---|---|---|
+/// | `redislimit_acquires_total` | counter | `engine`, `outcome` | acquires that ended: `acquired` (an admission), `canceled`, `budget_exceeded`, `queue_full` (refused by `max_queued`) |
+/// | `redislimit_wait_seconds` | histogram | `engine`, `outcome` | how long each of those waited |
+/// | `redislimit_holds_total` | counter | `cause` | hosts held back after a response: `retry-after`, `budget-spent`, `budget-low`, `default-penalty`, `backoff`, `recovering` |
+/// | `redislimit_hold_seconds` | histogram | `cause` | how long each of those holds is |
+/// | `redislimit_errors_total` | counter | `op` | failures of the shared backend (Redis), per operation: `acquire`, `release`, `renew`, `penalize`, `ping`, `close` |
+/// | `redislimit_repairs_total` | counter | | garbage found in Redis state and replaced |
+/// | `redislimit_leases_lost_total` | counter | | leases that lapsed before their renewal |
+/// | `redislimit_fallback_active` | gauge | | 1 while a fallback limiter paces in process, 0 otherwise |
+///
+/// Hosts are not a label unless [`with_host_label`](Self::with_host_label)
+/// asks for it (`host`, the key, on the acquire and hold series): a crawl
+/// of a million hosts would otherwise make a million series.
+///
+/// ```
+/// use std::sync::Arc;
+/// use redislimit::{DomainLimiter, MetricsHooks, Pacing};
+///
+/// let limiter = DomainLimiter::with_hooks(Pacing::default(), Arc::new(MetricsHooks::new()));
+/// # drop(limiter);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MetricsHooks {
+    host_label: bool,
+}
+
+impl MetricsHooks {
+    /// Hooks without a host label.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a `host` label (the key) to the acquire and hold series. Only
+    /// for a bounded set of hosts: each host is a series.
+    pub fn with_host_label(mut self, on: bool) -> Self {
+        self.host_label = on;
+        self
+    }
+}
+
+impl Hooks for MetricsHooks {
+    fn on_host_wait(&self, engine: &str, host: &HostKey, outcome: WaitOutcome, waited: Duration) {
+        let engine = engine.to_owned();
+        let outcome = outcome.as_str();
+        if self.host_label {
+            let host = host.to_string();
+            metrics::counter!("redislimit_acquires_total", "engine" => engine.clone(), "outcome" => outcome, "host" => host.clone())
+                .increment(1);
+            metrics::histogram!("redislimit_wait_seconds", "engine" => engine, "outcome" => outcome, "host" => host)
+                .record(waited.as_secs_f64());
+        } else {
+            metrics::counter!("redislimit_acquires_total", "engine" => engine.clone(), "outcome" => outcome)
+                .increment(1);
+            metrics::histogram!("redislimit_wait_seconds", "engine" => engine, "outcome" => outcome)
+                .record(waited.as_secs_f64());
+        }
+    }
+
+    fn on_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let cause = cause.to_owned();
+        if self.host_label {
+            let host = host.to_string();
+            metrics::counter!("redislimit_holds_total", "cause" => cause.clone(), "host" => host.clone())
+                .increment(1);
+            metrics::histogram!("redislimit_hold_seconds", "cause" => cause, "host" => host)
+                .record(hold.as_secs_f64());
+        } else {
+            metrics::counter!("redislimit_holds_total", "cause" => cause.clone()).increment(1);
+            metrics::histogram!("redislimit_hold_seconds", "cause" => cause)
+                .record(hold.as_secs_f64());
+        }
+    }
+
+    fn on_error(&self, op: Op, error: &Error) {
+        let _ = error;
+        metrics::counter!("redislimit_errors_total", "op" => op.as_str()).increment(1);
+    }
+
+    fn on_repair(&self, key: &str) {
+        let _ = key;
+        metrics::counter!("redislimit_repairs_total").increment(1);
+    }
+
+    fn on_lease_lost(&self, key: &str) {
+        let _ = key;
+        metrics::counter!("redislimit_leases_lost_total").increment(1);
+    }
+
+    fn on_fallback(&self, active: bool) {
+        metrics::gauge!("redislimit_fallback_active").set(if active { 1.0 } else { 0.0 });
+    }
+}
