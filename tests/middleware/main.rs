@@ -2,6 +2,7 @@
 //! loopback that records, per host, when each request arrived and when its
 //! response ended. Pacing is checked from that record.
 
+mod priorities;
 mod rate_limits;
 mod reqwest_client;
 mod reqwest_redirects;

@@ -24,7 +24,9 @@ use crate::error::{NotSent, RedirectError, redirect_error, to_middleware};
 /// For each request it:
 /// 1. takes the host key of the URL (a URL without a host fails);
 /// 2. waits for a permit under the engine label set here, or the one the
-///    request carries as an [`Engine`](crate::Engine) extension
+///    request carries as an [`Engine`](crate::Engine) extension, at the
+///    priority of its [`RequestPacing`](redislimit::RequestPacing)
+///    extension (`with_extension(RequestPacing::new().with_priority(200))`)
 ///    (`RequestBuilder::with_extension(Engine::new("search"))`), within a
 ///    budget: the request's own timeout or [`with_max_wait`](Self::with_max_wait),
 ///    whichever is shorter; a wait that cannot fit fails at once;
@@ -224,9 +226,10 @@ impl PacingMiddleware {
         let host = HostKey::from_url(req.url()).map_err(|e| to_middleware(e, None))?;
         let engine = self.options.engine(extensions).clone();
         let deadline = self.options.deadline(extensions, req.timeout().copied());
+        let pacing = self.options.request_pacing(extensions);
         let permit = self
             .limiter
-            .acquire_host(engine.as_str(), host.clone(), deadline)
+            .acquire_with(engine.as_str(), host.clone(), deadline, pacing)
             .await
             .map_err(|e| to_middleware(e, Some(&host)))?;
         let response = match next.run(req, extensions).await {

@@ -13,7 +13,7 @@ use crate::pacing::after;
 use crate::snapshot::{PacedBy, Snapshot};
 use crate::{
     BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit,
-    Policies, WaitOutcome,
+    Policies, RequestPacing, WaitOutcome,
 };
 
 /// Paces every request through an in-process [`DomainLimiter`] first and
@@ -439,6 +439,7 @@ impl<P: Limiter> FallbackLimiter<P> {
         engine: &str,
         host: &HostKey,
         deadline: Option<Instant>,
+        request: RequestPacing,
     ) -> Result<Permit, Error> {
         let policies = self.fallback.policies();
         let (began, limiter) = self.shares.get(n, index, policies, outage);
@@ -451,7 +452,9 @@ impl<P: Limiter> FallbackLimiter<P> {
         if from > now {
             limiter.penalize_host(host.clone(), from - now).await?;
         }
-        let permit = limiter.acquire_host(engine, host.clone(), deadline).await?;
+        let permit = limiter
+            .acquire_with(engine, host.clone(), deadline, request)
+            .await?;
         let turn = after(Instant::now(), until_turn(gap, n, index));
         if let Some(deadline) = deadline
             && turn > deadline
@@ -585,6 +588,18 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         host: HostKey,
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
+        self.acquire_with(engine, host, deadline, RequestPacing::default())
+    }
+
+    /// The priority orders this process's waiters in the in-process
+    /// limiter, where every acquire waits first, and in the primary's.
+    fn acquire_with<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
             let closing = self.closing.notify.notified();
             tokio::pin!(closing);
@@ -594,7 +609,7 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
             }
             tokio::select! {
                 biased;
-                acquired = self.acquire_either(engine, host, deadline) => acquired,
+                acquired = self.acquire_either(engine, host, deadline, request) => acquired,
                 // Dropped as a cancelled acquire: given back everywhere.
                 () = closing => Err(Error::Closed),
             }
@@ -671,6 +686,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
         engine: &str,
         host: HostKey,
         deadline: Option<Instant>,
+        request: RequestPacing,
     ) -> Result<Permit, Error> {
         // Hooks name the key, as the limiters below do.
         let key = self.fallback.policies().key(&host);
@@ -690,7 +706,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             // provisional: a refusal or a dropped future takes it back.
             let local = Provisional(Some(
                 self.fallback
-                    .acquire_host(engine, host.clone(), deadline)
+                    .acquire_with(engine, host.clone(), deadline, request)
                     .await
                     .map_err(|e| report.fail(e))?,
             ));
@@ -703,7 +719,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 Some(turns) => Some((
                     turns,
                     Provisional(Some(
-                        self.share(turns, false, engine, &host, deadline)
+                        self.share(turns, false, engine, &host, deadline, request)
                             .await
                             .map_err(|e| report.fail(e))?,
                     )),
@@ -723,7 +739,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             };
             let err = match self
                 .primary
-                .acquire_host(engine, host.clone(), ask_until)
+                .acquire_with(engine, host.clone(), ask_until, request)
                 .await
             {
                 Ok(shared) => {
@@ -818,13 +834,13 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             // Taken back unless sent (a blown budget, a dropped future).
             let local = Provisional(Some(
                 self.fallback
-                    .acquire_host(engine, host.clone(), deadline)
+                    .acquire_with(engine, host.clone(), deadline, request)
                     .await
                     .map_err(|e| report.fail(e))?,
             ));
             let share = match plan {
                 Plan::Share { n, index } => Some(
-                    self.share((n, index), true, engine, &host, deadline)
+                    self.share((n, index), true, engine, &host, deadline, request)
                         .await
                         .map_err(|e| report.fail(e))?,
                 ),

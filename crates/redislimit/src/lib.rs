@@ -91,7 +91,7 @@ pub use self::{
     fallback::FallbackLimiter,
     hooks::{Hooks, NoHooks, WaitOutcome},
     key::HostKey,
-    limiter::{BackoffStep, BoxFuture, Limiter, Permit},
+    limiter::{BackoffStep, BoxFuture, Limiter, Permit, RequestPacing},
     local::DomainLimiter,
     pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
     policy::{KeyBy, Policies, Rule},

@@ -49,6 +49,23 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>>;
 
+    /// [`acquire_host`](Self::acquire_host) for a request paced as
+    /// `request` says: its [`priority`](RequestPacing::with_priority)
+    /// orders this process's waiters for the host, higher first and in
+    /// arrival order among equals. Across replicas, each process orders
+    /// its own waiters; Redis admits whichever asks first. The default
+    /// (for limiters that keep no queue) ignores it.
+    fn acquire_with<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
+        let _ = request;
+        self.acquire_host(engine, host, deadline)
+    }
+
     /// Holds `host` back for `hold` (capped by the configured maximum
     /// penalty), counted from now. It only ever extends a hold; it never
     /// shortens one already in place. A zero `hold` does nothing.
@@ -156,6 +173,51 @@ pub trait Limiter: Send + Sync + fmt::Debug {
     }
 }
 
+/// How one request is paced beside the others to its host: today its
+/// priority. A pacing middleware reads it from the request's extensions.
+///
+/// ```
+/// use redislimit::RequestPacing;
+///
+/// let urgent = RequestPacing::new().with_priority(200);
+/// assert!(urgent.priority() > RequestPacing::default().priority());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct RequestPacing {
+    priority: u8,
+}
+
+impl RequestPacing {
+    /// The priority of a request that sets none: the middle of the range.
+    pub const DEFAULT_PRIORITY: u8 = 128;
+
+    /// The default: priority [`DEFAULT_PRIORITY`](Self::DEFAULT_PRIORITY).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Waits ahead of the waiters of lower priority (higher goes first;
+    /// equal priorities keep their arrival order).
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The priority.
+    pub fn priority(&self) -> u8 {
+        self.priority
+    }
+}
+
+impl Default for RequestPacing {
+    fn default() -> Self {
+        Self {
+            priority: Self::DEFAULT_PRIORITY,
+        }
+    }
+}
+
 /// One move of a host's adaptive backoff (see [`Limiter::back_off_host`]
 /// and [`http::Backoff`](crate::http::Backoff)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +263,16 @@ macro_rules! forward_limiter {
                 deadline: Option<Instant>,
             ) -> BoxFuture<'a, Result<Permit, Error>> {
                 (**self).acquire_host(engine, host, deadline)
+            }
+
+            fn acquire_with<'a>(
+                &'a self,
+                engine: &'a str,
+                host: HostKey,
+                deadline: Option<Instant>,
+                request: RequestPacing,
+            ) -> BoxFuture<'a, Result<Permit, Error>> {
+                (**self).acquire_with(engine, host, deadline, request)
             }
 
             fn penalize_host<'a>(

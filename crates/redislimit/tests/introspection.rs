@@ -173,3 +173,53 @@ async fn a_snapshot_lists_the_hosts_with_most_waiting_and_totals_exactly() {
     assert_eq!((after.queued, after.in_flight), (0, 0));
     assert!(after.hosts.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_priority_goes_first_and_equal_ones_keep_their_order() {
+    use redislimit::RequestPacing;
+    let limiter = DomainLimiter::new(Pacing::builder().min_delay(10 * MS).build().unwrap());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let held = limiter
+        .acquire_host("t", host("a.test"), None)
+        .await
+        .unwrap();
+    let waiter = |name: &'static str, priority: u8| {
+        let (limiter, order) = (limiter.clone(), Arc::clone(&order));
+        tokio::spawn(async move {
+            let pacing = RequestPacing::new().with_priority(priority);
+            let permit = limiter
+                .acquire_with("t", host("a.test"), None, pacing)
+                .await
+                .unwrap();
+            order.lock().unwrap().push(name);
+            permit.release();
+        })
+    };
+    // Ten low ones queue first, then a high one, then a default one and
+    // another high one.
+    let mut tasks = Vec::new();
+    for name in ["l0", "l1", "l2", "l3", "l4", "l5", "l6", "l7", "l8", "l9"] {
+        tasks.push(waiter(name, 10));
+        tokio::task::yield_now().await;
+    }
+    for (name, priority) in [
+        ("h0", 250),
+        ("d0", RequestPacing::DEFAULT_PRIORITY),
+        ("h1", 250),
+    ] {
+        tasks.push(waiter(name, priority));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(limiter.snapshot(1).queued, 13);
+    held.release();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        [
+            "h0", "h1", "d0", "l0", "l1", "l2", "l3", "l4", "l5", "l6", "l7", "l8", "l9"
+        ]
+    );
+}

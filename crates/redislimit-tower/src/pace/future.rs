@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use redislimit::http::{Engine, PermitBody, ServerSignal, is_transport_failure};
-use redislimit::{BoxFuture, Error, HostKey, Permit};
+use redislimit::{BoxFuture, Error, HostKey, Permit, RequestPacing};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
@@ -67,13 +67,15 @@ where
         service: S,
         request: Request<B>,
         host: HostKey,
-        engine: Engine,
-        deadline: Option<Instant>,
+        (engine, deadline, pacing): (Engine, Option<Instant>, RequestPacing),
     ) -> Self {
         let limiter = Arc::clone(&settings.limiter);
         let key = host.clone();
-        let acquire: BoxFuture<'static, _> =
-            Box::pin(async move { limiter.acquire_host(engine.as_str(), key, deadline).await });
+        let acquire: BoxFuture<'static, _> = Box::pin(async move {
+            limiter
+                .acquire_with(engine.as_str(), key, deadline, pacing)
+                .await
+        });
         Self {
             state: State::Acquiring {
                 acquire,

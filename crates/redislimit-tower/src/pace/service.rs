@@ -75,6 +75,7 @@ where
         // Tower requests carry no timeout of their own; the layer's maximum
         // wait is the budget.
         let deadline = settings.options.deadline(request.extensions(), None);
-        ResponseFuture::new(settings, inner, request, host, engine, deadline)
+        let pacing = settings.options.request_pacing(request.extensions());
+        ResponseFuture::new(settings, inner, request, host, (engine, deadline, pacing))
     }
 }

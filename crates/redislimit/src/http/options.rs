@@ -64,6 +64,15 @@ impl PaceOptions {
         extensions.get::<Engine>().unwrap_or(&self.engine)
     }
 
+    /// How a request is paced beside the others to its host: its
+    /// [`RequestPacing`](crate::RequestPacing) extension, or the default.
+    pub fn request_pacing(&self, extensions: &Extensions) -> crate::RequestPacing {
+        extensions
+            .get::<crate::RequestPacing>()
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// The instant a request's wait must end by: the shorter of its own
     /// timeout (when the client exposes one) and the maximum wait, which a
     /// [`MaxWait`] extension on the request replaces.

@@ -18,7 +18,8 @@ use crate::limiter::Admitted;
 use crate::pacing::after;
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
-    BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, Policies, WaitOutcome,
+    BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, Policies, RequestPacing,
+    WaitOutcome,
 };
 
 /// The in-process limiter: paces requests per host within one process.
@@ -108,7 +109,18 @@ struct Entry {
 
 struct Waiter {
     id: u64,
+    /// Higher goes first; equal ones in arrival order.
+    priority: u8,
     wake: Arc<Notify>,
+}
+
+/// Queues `waiter` behind every waiter of its priority or higher.
+fn enqueue(queue: &mut VecDeque<Waiter>, waiter: Waiter) {
+    let at = queue
+        .iter()
+        .position(|w| w.priority < waiter.priority)
+        .unwrap_or(queue.len());
+    queue.insert(at, waiter);
 }
 
 /// Hosts one sweep pass removes under one lock before letting others in.
@@ -257,7 +269,23 @@ impl Limiter for DomainLimiter {
         host: HostKey,
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
-        Box::pin(acquire(&self.inner, engine, host, deadline))
+        self.acquire_with(engine, host, deadline, RequestPacing::default())
+    }
+
+    fn acquire_with<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
+        Box::pin(acquire(
+            &self.inner,
+            engine,
+            host,
+            deadline,
+            request.priority(),
+        ))
     }
 
     fn penalize_host<'a>(
@@ -311,6 +339,7 @@ async fn acquire(
     engine: &str,
     host: HostKey,
     deadline: Option<Instant>,
+    priority: u8,
 ) -> Result<Permit, Error> {
     inner.sweep.ensure_running(Arc::downgrade(inner));
     let policy = inner.policies.index(&host);
@@ -360,10 +389,14 @@ async fn acquire(
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
-        entry.queue.push_back(Waiter {
-            id,
-            wake: Arc::clone(&wake),
-        });
+        enqueue(
+            &mut entry.queue,
+            Waiter {
+                id,
+                priority,
+                wake: Arc::clone(&wake),
+            },
+        );
         guard.queued += 1;
         guard.mark(&host, inner.track_in_flight);
         (id, wake)
@@ -402,10 +435,14 @@ async fn acquire(
                 // Unreachable while `place` is queued (a host with waiters
                 // is never evicted); rejoining keeps the waiter correct.
                 None => {
-                    entry.queue.push_back(Waiter {
-                        id,
-                        wake: Arc::clone(&wake),
-                    });
+                    enqueue(
+                        &mut entry.queue,
+                        Waiter {
+                            id,
+                            priority,
+                            wake: Arc::clone(&wake),
+                        },
+                    );
                     guard.queued += 1;
                     guard.mark(&host, inner.track_in_flight);
                     Step::Park(now)

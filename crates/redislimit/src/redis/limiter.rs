@@ -22,7 +22,7 @@ use crate::pacing::{after, micros};
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
     BackoffStep, BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey,
-    Limiter, NoHooks, Op, Pacing, Permit, Policies, Spacing, WaitOutcome,
+    Limiter, NoHooks, Op, Pacing, Permit, Policies, RequestPacing, Spacing, WaitOutcome,
 };
 
 /// Paces requests per host with the state held in Redis, so every replica
@@ -560,6 +560,17 @@ impl Limiter for RedisLimiter {
         host: HostKey,
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
+        self.acquire_with(engine, host, deadline, RequestPacing::default())
+    }
+
+    /// The priority orders this process's waiters, in its in-process queues.
+    fn acquire_with<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
         let hooks: &dyn Hooks = if self.report_waits {
             &*self.shared.hooks
         } else {
@@ -580,7 +591,7 @@ impl Limiter for RedisLimiter {
             }
             let acquired = tokio::select! {
                 biased;
-                acquired = shared.acquire(hooks, engine, host, deadline) => acquired,
+                acquired = shared.acquire(hooks, engine, host, deadline, request) => acquired,
                 // The acquire is dropped, as a cancelled one: it books nothing.
                 () = closing => Err(Error::Closed),
             };
@@ -695,6 +706,7 @@ impl Shared {
         engine: &str,
         host: HostKey,
         deadline: Option<Instant>,
+        request: RequestPacing,
     ) -> Result<Permit, Error> {
         let start = Instant::now();
         let policy = self.policies.index(&host);
@@ -724,7 +736,7 @@ impl Shared {
         }
         let local = self
             .local
-            .acquire_host(engine, host.clone(), deadline)
+            .acquire_with(engine, host.clone(), deadline, request)
             .await
             .map_err(|e| report.fail(e))?;
         // One waiter per host and process asks Redis at a time; the rest
@@ -732,7 +744,7 @@ impl Shared {
         // crowd of waiters costs Redis one caller per process.
         let polling = self
             .pollers
-            .acquire_host(engine, host.clone(), deadline)
+            .acquire_with(engine, host.clone(), deadline, request)
             .await
             .map_err(|e| report.fail(e))?;
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &key));

@@ -1,0 +1,87 @@
+//! `RequestPacing` priorities through the reqwest middleware and the tower
+//! layer: with the host busy, a high-priority request queued after ten
+//! low ones is the next the upstream sees, and equal ones keep their
+//! order; in-process and through Redis.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redislimit::{Limiter, RedisLimiter, RedisPool, RedisTimeouts, RequestPacing};
+use redislimit_reqwest::PacingMiddleware;
+use redislimit_tests::{RedisServer, Upstream};
+use reqwest_middleware::ClientBuilder;
+
+use crate::{MS, bounded, domain_limiter};
+
+/// The paths the upstream saw for `t.test`, in order, after a slow first
+/// request, ten low-priority ones and one high-priority one queued behind
+/// it through `limiter`.
+async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
+    let upstream = Upstream::start().await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve("t.test", upstream.addr())
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(http)
+        .with(PacingMiddleware::from_arc(limiter))
+        .build();
+    let get = |path: String, priority: u8| {
+        let (client, url) = (client.clone(), upstream.url("t.test", &path));
+        tokio::spawn(async move {
+            let response = client
+                .get(&url)
+                .with_extension(RequestPacing::new().with_priority(priority))
+                .send()
+                .await
+                .unwrap();
+            response.bytes().await.unwrap();
+        })
+    };
+    let mut tasks = vec![get("/slow?chunks=4&every=100".into(), 128)];
+    tokio::time::sleep(50 * MS).await;
+    for i in 0..10 {
+        tasks.push(get(format!("/?low={i}"), 10));
+        tokio::time::sleep(5 * MS).await;
+    }
+    tasks.push(get("/?high".into(), 250));
+    for task in tasks {
+        bounded(20, task).await.unwrap();
+    }
+    upstream
+        .recorder()
+        .host("t.test")
+        .into_iter()
+        .map(|r| r.path)
+        .collect()
+}
+
+fn expected() -> Vec<String> {
+    let mut order = vec!["/slow?chunks=4&every=100".to_owned(), "/?high".to_owned()];
+    order.extend((0..10).map(|i| format!("/?low={i}")));
+    order
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_request_overtakes_ten_low_ones_in_process() {
+    let limiter = Arc::new(domain_limiter(|p| p.min_delay(5 * MS)));
+    assert_eq!(order_through(limiter).await, expected());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_request_overtakes_ten_low_ones_through_redis() {
+    let server = RedisServer::start();
+    let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
+    let limiter = RedisLimiter::builder(pool, "priorities")
+        .pacing(
+            redislimit::Pacing::builder()
+                .min_delay(5 * MS)
+                .build()
+                .unwrap(),
+        )
+        .lease_ttl(Duration::from_secs(2))
+        .build()
+        .unwrap()
+        .with_fallback();
+    assert_eq!(order_through(Arc::new(limiter)).await, expected());
+}
