@@ -437,3 +437,35 @@ async fn replicas_share_a_pace_through_redis_over_tls() {
     assert!(seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1));
     redislimit_tests::record::assert_serialized(&seen, 30 * MS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_file_priorities_order_each_hosts_urls() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    // a.test: five low ones, a high one, one without a priority; b.test's
+    // order is its own.
+    let mut lines: Vec<String> = (0..5)
+        .map(|i| format!("{} 10", upstream.url("a.test", &format!("/?low={i}"))))
+        .collect();
+    lines.push(format!("{}\t250", upstream.url("a.test", "/?high")));
+    lines.push(upstream.url("a.test", "/?plain"));
+    lines.push(format!("{} 0", upstream.url("b.test", "/?b")));
+    let list = dir.path().join("urls.txt");
+    std::fs::write(&list, lines.join("\n")).unwrap();
+    let mut args = resolve(&upstream, &["a.test", "b.test"]);
+    args.extend(["--min-delay", "20ms", "--urls"].map(String::from));
+    args.push(list.to_str().unwrap().to_owned());
+    let ran = run(dir.path(), &args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    let order: Vec<String> = upstream
+        .recorder()
+        .host("a.test")
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    let mut expected = vec!["/?high".to_owned(), "/?plain".to_owned()];
+    expected.extend((0..5).map(|i| format!("/?low={i}")));
+    assert_eq!(order, expected);
+    assert_eq!(upstream.recorder().host("b.test").len(), 1);
+}

@@ -386,8 +386,9 @@ impl Args {
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
         }
         let pacer = self.pacer().await?;
-        let mut crawler =
-            Crawler::new(Arc::clone(&pacer.limiter), &self)?.with_mode(Arc::clone(&pacer.mode));
+        let mut crawler = Crawler::new(Arc::clone(&pacer.limiter), &self)?
+            .with_mode(Arc::clone(&pacer.mode))
+            .with_priorities(input.priorities);
         if let Some(path) = &self.report {
             crawler = crawler.with_report(path)?;
         }

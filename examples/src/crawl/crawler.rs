@@ -15,7 +15,7 @@ use anyhow::Context;
 use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
 use redislimit::http::{MaxWait, ServerSignal, retry_after};
-use redislimit::{Causes, Error, HostKey, KeyBy, Limiter};
+use redislimit::{Causes, Error, HostKey, KeyBy, Limiter, RequestPacing};
 use redislimit_reqwest::{NotSent, PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde::Serialize;
@@ -196,6 +196,8 @@ pub struct Crawler {
     progress_every: Duration,
     /// What the report's `host` names (the limiter's key).
     key_by: KeyBy,
+    /// The priorities the URL file gave.
+    priorities: Arc<HashMap<Url, u8>>,
     report: Option<Arc<Mutex<LineWriter<File>>>>,
     /// Set when a report line could not be written.
     report_failed: Arc<AtomicBool>,
@@ -321,6 +323,7 @@ impl Crawler {
             max_penalty: args.max_penalty,
             progress_every: args.progress_every,
             key_by: args.key_by.into(),
+            priorities: Arc::default(),
             report: None,
             report_failed: Arc::default(),
             stop: Stop::new(),
@@ -341,6 +344,14 @@ impl Crawler {
             File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
         self.report = Some(Arc::new(Mutex::new(LineWriter::new(file))));
         Ok(self)
+    }
+
+    /// Sends each host's URLs by `priorities` (higher first, input order
+    /// among equals; 128 for a URL without one), and asks the limiter at
+    /// that priority.
+    pub fn with_priorities(mut self, priorities: HashMap<Url, u8>) -> Self {
+        self.priorities = Arc::new(priorities);
+        self
     }
 
     /// Names the pacing mode (shared, in fallback, in-process) in the
@@ -373,7 +384,14 @@ impl Crawler {
         let counters = Arc::new(Progress::default());
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let queues = by_host(urls);
+        let mut queues = by_host(urls);
+        if !self.priorities.is_empty() {
+            for (_, queue) in &mut queues {
+                queue
+                    .make_contiguous()
+                    .sort_by_key(|url| std::cmp::Reverse(self.priority(url)));
+            }
+        }
         for (host, queue) in queues {
             let this = self.clone();
             let (slots, tx, counters) = (Arc::clone(&slots), tx.clone(), Arc::clone(&counters));
@@ -676,6 +694,9 @@ impl Crawler {
         left: Option<Duration>,
         extensions: &mut Extensions,
     ) -> Attempt {
+        if let Some(&priority) = self.priorities.get(&url) {
+            extensions.insert(RequestPacing::new().with_priority(priority));
+        }
         let result = match self.client.get(url.clone()).build() {
             Ok(request) => {
                 self.client
@@ -727,6 +748,13 @@ impl Crawler {
         fetched.redirects = redirects(extensions);
         fetched.final_url = final_url;
         Attempt::Done(Box::new(fetched))
+    }
+
+    fn priority(&self, url: &Url) -> u8 {
+        self.priorities
+            .get(url)
+            .copied()
+            .unwrap_or(RequestPacing::DEFAULT_PRIORITY)
     }
 
     fn fetched(

@@ -14,6 +14,28 @@ pub struct Input {
     pub urls: Vec<Url>,
     /// `FILE:LINE: why` for every line that was not used.
     pub skipped: Vec<String>,
+    /// The priorities lines gave (`URL PRIORITY`); the others have the
+    /// default.
+    pub priorities: std::collections::HashMap<Url, u8>,
+}
+
+/// A file line: a URL, optionally followed by whitespace and a priority
+/// from 0 to 255 (higher goes first among its host's URLs; 128 when
+/// absent).
+fn check_line(text: &str) -> Result<(Url, Option<u8>), String> {
+    let mut words = text.split_whitespace();
+    let url = check(words.next().unwrap_or_default())?;
+    let priority = match words.next() {
+        None => None,
+        Some(word) => Some(
+            word.parse::<u8>()
+                .map_err(|_| format!("{word:?} is not a priority from 0 to 255"))?,
+        ),
+    };
+    if words.next().is_some() {
+        return Err("a line is a URL and at most a priority".into());
+    }
+    Ok((url, priority))
 }
 
 fn check(text: &str) -> Result<Url, String> {
@@ -70,8 +92,13 @@ pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> 
         if text.is_empty() || text.starts_with('#') {
             continue;
         }
-        match check(text) {
-            Ok(url) if seen.insert(url.clone()) => input.urls.push(url),
+        match check_line(text) {
+            Ok((url, priority)) if seen.insert(url.clone()) => {
+                if let Some(priority) = priority {
+                    input.priorities.insert(url.clone(), priority);
+                }
+                input.urls.push(url);
+            }
             Ok(_) => input.skipped.push(format!(
                 "{}:{}: a repeat of an earlier URL",
                 path.display(),
@@ -110,6 +137,37 @@ mod tests {
         assert!(input.skipped[1].contains(":5:"));
         assert!(input.skipped[2].contains(":6: a repeat"));
         assert!(input.skipped[3].contains(":8:"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_line_may_end_with_a_priority() {
+        let dir = std::env::temp_dir().join(format!("crawl-prio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("urls.txt");
+        std::fs::write(
+            &path,
+            "http://a.test/1 200
+http://a.test/2
+http://a.test/3	0
+http://a.test/4 high
+http://a.test/5 1 2
+http://a.test/6 256
+",
+        )
+        .unwrap();
+        let input = read_urls(&[], Some(&path)).unwrap();
+        let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
+        assert_eq!(
+            urls,
+            ["http://a.test/1", "http://a.test/2", "http://a.test/3"]
+        );
+        let p = |u: &str| input.priorities.get(&Url::parse(u).unwrap()).copied();
+        assert_eq!(p("http://a.test/1"), Some(200));
+        assert_eq!(p("http://a.test/2"), None);
+        assert_eq!(p("http://a.test/3"), Some(0));
+        assert_eq!(input.skipped.len(), 3, "{:?}", input.skipped);
+        assert!(input.skipped[0].contains(":4: \"high\" is not a priority"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
