@@ -20,7 +20,9 @@ fn with(server: &RedisServer, min_delay: Duration, cap: u32) -> RedisLimiter {
     )
 }
 
-fn assert_mismatch(result: Result<(), Error>, ours: &str, theirs: &str) {
+/// `result` is a configuration mismatch whose two records contain `ours`
+/// and `theirs`.
+pub(crate) fn assert_mismatch(result: Result<(), Error>, ours: &str, theirs: &str) {
     match result {
         Err(Error::ConfigMismatch {
             ours: o, theirs: t, ..

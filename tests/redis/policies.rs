@@ -10,6 +10,7 @@ use redislimit::{Error, KeyBy, Limiter, Pacing, Policies, RedisPool, RedisTimeou
 use redislimit_tests::record::{Request, assert_serialized, max_in_flight, min_send_gap};
 use redislimit_tests::{RedisCluster, RedisServer};
 
+use crate::agreement::assert_mismatch;
 use crate::modes::SLACK;
 use crate::{MS, drive_all, host, limiter, standalone};
 
@@ -103,18 +104,6 @@ async fn hosts_of_one_registrable_domain_share_one_pace_across_replicas() {
     assert!(both.iter().any(|r| r.host == hosts[0]) && both.iter().any(|r| r.host == hosts[1]));
     // One pace for the two: never overlapping, 40 ms after each end.
     assert_serialized(&both, 40 * MS);
-}
-
-fn assert_mismatch(result: Result<(), Error>, ours: &str, theirs: &str) {
-    match result {
-        Err(Error::ConfigMismatch {
-            ours: o, theirs: t, ..
-        }) => {
-            assert!(o.contains(ours), "ours: {o}");
-            assert!(t.contains(theirs), "theirs: {t}");
-        }
-        other => panic!("expected a configuration mismatch, got {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

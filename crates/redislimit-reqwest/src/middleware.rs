@@ -260,7 +260,7 @@ impl PacingMiddleware {
         // A client that follows redirects itself hands back the last hop's
         // response: a penalty it asks for is that host's, not this one's.
         let answered = match HostKey::from_url(response.url()) {
-            Ok(last) if last != host => {
+            Ok(last) if last != host || last.port() != host.port() => {
                 if !self.warned_client_redirects.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         from = %host,

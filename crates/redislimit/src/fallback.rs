@@ -119,7 +119,10 @@ struct Adoptions {
 /// One request admitted in-process during an outage.
 #[derive(Debug)]
 struct Adoptee {
+    /// The request's host (the primary picks its rule by it) ...
     host: HostKey,
+    /// ... and its key, which requests of other hosts may share.
+    key: HostKey,
     sent: Instant,
     state: Mutex<Adopted>,
 }
@@ -152,7 +155,7 @@ impl Adoptions {
         self.count.store(pending.len(), Ordering::SeqCst);
     }
 
-    /// Offers the pending requests (to `only` that host, when given) to
+    /// Offers the pending requests (to `only` that key, when given) to
     /// `primary`; stops at the first that finds it unavailable.
     async fn offer<P: Limiter>(&self, primary: &P, only: Option<&HostKey>) {
         let candidates: Vec<Arc<Adoptee>> = self
@@ -160,7 +163,7 @@ impl Adoptions {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .filter(|a| only.is_none_or(|h| *h == a.host))
+            .filter(|a| only.is_none_or(|key| *key == a.key))
             .cloned()
             .collect();
         for adoptee in candidates {
@@ -551,6 +554,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
         share: Option<Permit>,
     ) -> Permit {
         let adoptee = Arc::new(Adoptee {
+            key: self.fallback.policies().key(&host),
             host: host.clone(),
             sent: Instant::now(),
             state: Mutex::new(Adopted::Pending),
@@ -695,7 +699,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             // Requests this process sent during an outage count in the
             // primary before it admits anything else for their host.
             if self.adoptions.count.load(Ordering::SeqCst) > 0 {
-                let offer = self.adoptions.offer(&*self.primary, Some(&host));
+                let offer = self.adoptions.offer(&*self.primary, Some(&key));
                 match deadline {
                     // What is left is the background task's to finish.
                     Some(deadline) => drop(tokio::time::timeout_at(deadline, offer).await),

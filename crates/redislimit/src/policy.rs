@@ -305,6 +305,19 @@ impl Policies {
         }
     }
 
+    /// Of policies `a` and `b`, the one whose state lasts longer once idle
+    /// (the longer quota window, then the longer gap).
+    pub(crate) fn longer_lived(&self, a: usize, b: usize) -> usize {
+        if a == b {
+            return a;
+        }
+        let lasts = |i: usize| {
+            let p = self.at(i);
+            (p.window(), p.min_delay())
+        };
+        if lasts(b) > lasts(a) { b } else { a }
+    }
+
     /// The cross-replica cap of policy `index`, `default` when it sets none.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn cluster_concurrency_at(&self, index: usize, default: u32) -> u32 {

@@ -223,3 +223,34 @@ async fn a_higher_priority_goes_first_and_equal_ones_keep_their_order() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_counts_only_the_waiters_a_priority_queues_behind() {
+    use redislimit::RequestPacing;
+    let limiter = DomainLimiter::new(Pacing::builder().min_delay(100 * MS).build().unwrap());
+    let held = limiter
+        .acquire_host("t", host("a.test"), None)
+        .await
+        .unwrap();
+    let mut lows = Vec::new();
+    for _ in 0..10 {
+        let limiter = limiter.clone();
+        lows.push(tokio::spawn(async move {
+            let low = RequestPacing::new().with_priority(1);
+            drop(limiter.acquire_with("t", host("a.test"), None, low).await);
+        }));
+        tokio::task::yield_now().await;
+    }
+    // Behind ten others the wait would be a second; ahead of them, one gap.
+    let deadline = Some(Instant::now() + 150 * MS);
+    let high = RequestPacing::new().with_priority(250);
+    let (acquired, ()) = tokio::join!(
+        limiter.acquire_with("t", host("a.test"), deadline, high),
+        async { held.release() },
+    );
+    assert!(acquired.is_ok(), "{acquired:?}");
+    drop(acquired);
+    for low in lows {
+        low.await.unwrap();
+    }
+}

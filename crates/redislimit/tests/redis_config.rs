@@ -151,3 +151,25 @@ fn a_lease_too_short_to_renew_is_refused() {
         }
     );
 }
+
+#[test]
+fn keyed_by_domain_rules_may_not_mix_serialized_and_lease_modes() {
+    use redislimit::{KeyBy, Policies, Rule};
+    let mixed = Policies::new(Pacing::default())
+        .with_rule(Rule::new("api.example.com", Pacing::default()).with_cluster_concurrency(3))
+        .unwrap();
+    let refused = RedisLimiter::builder(pool(), "domain")
+        .policies(mixed.clone().with_key_by(KeyBy::RegistrableDomain))
+        .build();
+    assert!(
+        matches!(&refused, Err(ConfigError::InvalidRule { rule, .. }) if rule == "api.example.com"),
+        "{refused:?}"
+    );
+    // Keyed by host, each host is its own state: allowed.
+    assert!(
+        RedisLimiter::builder(pool(), "domain")
+            .policies(mixed)
+            .build()
+            .is_ok()
+    );
+}

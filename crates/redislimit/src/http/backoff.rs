@@ -42,7 +42,15 @@ use crate::{BackoffStep, HostKey, Limiter};
 pub struct Backoff {
     start: Duration,
     max: Duration,
-    gaps: Arc<Mutex<HashMap<HostKey, Duration>>>,
+    gaps: Arc<Mutex<HashMap<Gapped, Duration>>>,
+}
+
+/// A host and port: what one gap is kept for (a limiter keyed by host and
+/// port paces each port apart, so each has its own gap).
+type Gapped = (HostKey, Option<u16>);
+
+fn gapped(host: &HostKey) -> Gapped {
+    (host.clone(), host.port())
 }
 
 /// Hosts backing off at once beyond which the oldest state is dropped.
@@ -115,7 +123,7 @@ impl Backoff {
 
     fn move_local(&self, host: &HostKey, step: BackoffStep) -> Option<Duration> {
         let mut gaps = self.gaps.lock().unwrap_or_else(PoisonError::into_inner);
-        let gap = step.apply(gaps.get(host).copied());
+        let gap = step.apply(gaps.get(&gapped(host)).copied());
         Self::set(&mut gaps, host, gap);
         gap
     }
@@ -125,16 +133,17 @@ impl Backoff {
         Self::set(&mut gaps, host, gap);
     }
 
-    fn set(gaps: &mut HashMap<HostKey, Duration>, host: &HostKey, gap: Option<Duration>) {
+    fn set(gaps: &mut HashMap<Gapped, Duration>, host: &HostKey, gap: Option<Duration>) {
+        let key = gapped(host);
         match gap {
             Some(gap) => {
-                if gaps.len() >= MAX_HOSTS && !gaps.contains_key(host) {
+                if gaps.len() >= MAX_HOSTS && !gaps.contains_key(&key) {
                     gaps.clear();
                 }
-                gaps.insert(host.clone(), gap);
+                gaps.insert(key, gap);
             }
             None => {
-                gaps.remove(host);
+                gaps.remove(&key);
             }
         }
     }
@@ -144,7 +153,7 @@ impl Backoff {
         self.gaps
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(host)
+            .contains_key(&gapped(host))
     }
 }
 

@@ -107,38 +107,49 @@ impl PaceOptions {
     }
 
     /// What `host` answering `status` with `headers` asks of it, to
-    /// [`apply`](Self::apply): what the response states (a `Retry-After` on
-    /// a `429`/`503`, which takes precedence, then a spent or low rate
-    /// limit budget); else, for a `429`, `503` or other `5xx`, a widened
-    /// backoff gap (no less than the default penalty for a `429`/`503`);
-    /// else, while the host is backing off, a narrowed one. `None` when the
-    /// host may go on at its pacing. Cheap: it reads headers only.
+    /// [`apply`](Self::apply): a `Retry-After` on a `429`/`503` (which
+    /// takes precedence) or a spent rate limit budget decides alone; else,
+    /// for a `429`, `503` or other `5xx`, a widened backoff gap; else,
+    /// while the host is backing off, a narrowed one. A low budget's
+    /// spread (and for a `429`/`503` the default penalty) is the least any
+    /// of these holds, and alone it holds a host that is not backing off.
+    /// `None` when the host may go on at its pacing. Cheap: it reads
+    /// headers only.
     pub fn react(
         &self,
         host: &HostKey,
         status: StatusCode,
         headers: &HeaderMap,
     ) -> Option<Reaction> {
-        if let Some(signal) = self.stated(status, headers) {
-            return Some(Reaction(Kind::Hold(signal)));
-        }
+        // A stated delay or a spent budget decides alone; a low budget is
+        // a floor under whatever else the response asks for.
+        let low = match self.stated(status, headers) {
+            Some(ServerSignal::BudgetLow(hold)) => Some(ServerSignal::BudgetLow(hold)),
+            Some(signal) => return Some(Reaction(Kind::Hold(signal))),
+            None => None,
+        };
         let default = matches!(
             status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
         )
         .then_some(self.default_penalty)
-        .flatten();
+        .flatten()
+        .map(ServerSignal::DefaultPenalty);
+        let floor = longer(low, default);
         if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
             return match self.backoff {
-                Some(_) => Some(Reaction(Kind::Widen { default })),
-                None => default.map(|d| Reaction(Kind::Hold(ServerSignal::DefaultPenalty(d)))),
+                Some(_) => Some(Reaction(Kind::Widen { floor })),
+                None => floor.map(|f| Reaction(Kind::Hold(f))),
             };
         }
         let backing_off = self
             .backoff
             .as_ref()
             .is_some_and(|b| b.is_backing_off(host));
-        backing_off.then_some(Reaction(Kind::Narrow))
+        if backing_off {
+            return Some(Reaction(Kind::Narrow { floor }));
+        }
+        floor.map(|f| Reaction(Kind::Hold(f)))
     }
 
     /// What a request to a host that failed without a response asks of it:
@@ -146,7 +157,7 @@ impl PaceOptions {
     /// see [`is_transport_failure`](super::is_transport_failure)), a
     /// widened backoff gap.
     pub fn react_to_failure(&self, transport: bool) -> Option<Reaction> {
-        (transport && self.backoff.is_some()).then_some(Reaction(Kind::Widen { default: None }))
+        (transport && self.backoff.is_some()).then_some(Reaction(Kind::Widen { floor: None }))
     }
 
     /// Applies `reaction` to `host` through `limiter`: holds the host (as
@@ -167,23 +178,29 @@ impl PaceOptions {
                 let _ = limiter.penalize_host(host.clone(), signal.hold()).await;
                 signal
             }
-            Kind::Widen { default } => {
+            Kind::Widen { floor } => {
                 let gap = self.backoff.as_ref()?.shift(limiter, &host, true).await?;
-                match default {
-                    Some(penalty) if penalty > gap => {
-                        let _ = limiter.penalize_host(host.clone(), penalty).await;
-                        ServerSignal::DefaultPenalty(penalty)
+                match floor {
+                    Some(floor) if floor.hold() > gap => {
+                        let _ = limiter.penalize_host(host.clone(), floor.hold()).await;
+                        floor
                     }
                     _ => ServerSignal::Backoff(gap),
                 }
             }
-            Kind::Narrow => {
+            Kind::Narrow { floor } => {
                 let gap = self.backoff.as_ref()?.shift(limiter, &host, false).await;
-                let Some(gap) = gap else {
-                    tracing::debug!(host = %host, "recovered: back on its own pacing");
-                    return None;
-                };
-                ServerSignal::Recovering(gap)
+                match (gap, floor) {
+                    (gap, Some(floor)) if gap.is_none_or(|g| floor.hold() > g) => {
+                        let _ = limiter.penalize_host(host.clone(), floor.hold()).await;
+                        floor
+                    }
+                    (Some(gap), _) => ServerSignal::Recovering(gap),
+                    (None, _) => {
+                        tracing::debug!(host = %host, "recovered: back on its own pacing");
+                        return None;
+                    }
+                }
             }
         };
         limiter.report_hold(&host, signal.cause(), signal.hold());
@@ -241,10 +258,19 @@ pub struct Reaction(Kind);
 enum Kind {
     /// A hold the response states, or the default penalty.
     Hold(ServerSignal),
-    /// Widen the backoff gap, holding the host no less than `default`.
-    Widen { default: Option<Duration> },
-    /// Narrow the backoff gap.
-    Narrow,
+    /// Widen the backoff gap, holding the host no less than `floor` (the
+    /// default penalty, or a low budget's spread).
+    Widen { floor: Option<ServerSignal> },
+    /// Narrow the backoff gap, holding the host no less than `floor`.
+    Narrow { floor: Option<ServerSignal> },
+}
+
+/// Of two optional holds, the longer.
+fn longer(a: Option<ServerSignal>, b: Option<ServerSignal>) -> Option<ServerSignal> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.hold() > a.hold() { b } else { a }),
+        (a, b) => a.or(b),
+    }
 }
 
 /// What a host asked for and the hold it got: what a pacing middleware
@@ -452,9 +478,30 @@ mod tests {
                 Duration::from_secs(20)
             ))))
         );
-        // Switched off: a 200 asks nothing.
+        // A low budget on an overload is a floor under the backoff, not
+        // instead of it; on a success while backing off, under the narrowing.
+        headers.insert("ratelimit", r#""api";r=4;t=20"#.parse().unwrap());
+        assert_eq!(
+            options.react(&host, StatusCode::SERVICE_UNAVAILABLE, &headers),
+            Some(Reaction(Kind::Widen {
+                floor: Some(ServerSignal::BudgetLow(Duration::from_secs(5)))
+            }))
+        );
+        options.backoff.as_ref().unwrap().widen(&host);
+        assert_eq!(
+            options.react(&host, StatusCode::OK, &headers),
+            Some(Reaction(Kind::Narrow {
+                floor: Some(ServerSignal::BudgetLow(Duration::from_secs(5)))
+            }))
+        );
+        // Switched off: a 200 asks nothing (but the narrowing).
         let off = options.with_rate_limit_headers(false);
-        assert_eq!(off.react(&host, StatusCode::OK, &headers), None);
+        assert_eq!(
+            off.react(&host, StatusCode::OK, &headers),
+            Some(Reaction(Kind::Narrow { floor: None }))
+        );
+        let fresh = HostKey::parse("http://fresh.test/").unwrap();
+        assert_eq!(off.react(&fresh, StatusCode::OK, &headers), None);
     }
 
     #[test]

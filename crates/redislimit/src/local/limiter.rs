@@ -98,8 +98,9 @@ struct Shard {
 
 struct Entry {
     state: HostState,
-    /// The policy of the latest request admitted (see [`Policies::index`]):
-    /// whose window and delays decide when the entry is idle.
+    /// Of the policies of the requests admitted (see [`Policies::index`];
+    /// hosts sharing a key may have different rules), the one whose window
+    /// and delays last longest: it decides when the entry is idle.
     policy: usize,
     /// Waiters in arrival order; only the head ever decides.
     queue: VecDeque<Waiter>,
@@ -114,13 +115,20 @@ struct Waiter {
     wake: Arc<Notify>,
 }
 
-/// Queues `waiter` behind every waiter of its priority or higher.
-fn enqueue(queue: &mut VecDeque<Waiter>, waiter: Waiter) {
-    let at = queue
+/// Where a waiter of `priority` joins `queue`: behind every waiter of its
+/// priority or higher.
+fn place_for(queue: &VecDeque<Waiter>, priority: u8) -> usize {
+    queue
         .iter()
-        .position(|w| w.priority < waiter.priority)
-        .unwrap_or(queue.len());
-    queue.insert(at, waiter);
+        .position(|w| w.priority < priority)
+        .unwrap_or(queue.len())
+}
+
+/// Queues waiter `id` behind every waiter of its `priority` or higher.
+fn enqueue(queue: &mut VecDeque<Waiter>, id: u64, priority: u8, wake: &Arc<Notify>) {
+    let at = place_for(queue, priority);
+    let wake = Arc::clone(wake);
+    queue.insert(at, Waiter { id, priority, wake });
 }
 
 /// Hosts one sweep pass removes under one lock before letting others in.
@@ -363,7 +371,7 @@ async fn acquire(
         let entry = guard.entry(&host, start, policy);
         if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
             let admission = entry.state.admit(start, pacing);
-            entry.policy = policy;
+            entry.policy = inner.policies.longer_lived(entry.policy, policy);
             guard.in_flight += 1;
             if inner.track_in_flight {
                 guard.mark(&host, true);
@@ -381,7 +389,9 @@ async fn acquire(
             return Err(report.queue_full(queued, max));
         }
         if let Some(deadline) = deadline {
-            let earliest = entry.state.earliest_for(start, entry.queue.len(), pacing);
+            // Only those it would queue behind are ahead of it.
+            let ahead = place_for(&entry.queue, priority);
+            let earliest = entry.state.earliest_for(start, ahead, pacing);
             if earliest > deadline {
                 drop(guard);
                 return Err(report.over_budget(earliest, deadline, start));
@@ -389,14 +399,7 @@ async fn acquire(
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
-        enqueue(
-            &mut entry.queue,
-            Waiter {
-                id,
-                priority,
-                wake: Arc::clone(&wake),
-            },
-        );
+        enqueue(&mut entry.queue, id, priority, &wake);
         guard.queued += 1;
         guard.mark(&host, inner.track_in_flight);
         (id, wake)
@@ -422,7 +425,7 @@ async fn acquire(
                     Decision::Admit => {
                         entry.queue.pop_front();
                         let admission = entry.state.admit(now, pacing);
-                        entry.policy = policy;
+                        entry.policy = inner.policies.longer_lived(entry.policy, policy);
                         if let Some(next) = entry.queue.front() {
                             next.wake.notify_one();
                         }
@@ -435,14 +438,7 @@ async fn acquire(
                 // Unreachable while `place` is queued (a host with waiters
                 // is never evicted); rejoining keeps the waiter correct.
                 None => {
-                    enqueue(
-                        &mut entry.queue,
-                        Waiter {
-                            id,
-                            priority,
-                            wake: Arc::clone(&wake),
-                        },
-                    );
+                    enqueue(&mut entry.queue, id, priority, &wake);
                     guard.queued += 1;
                     guard.mark(&host, inner.track_in_flight);
                     Step::Park(now)

@@ -362,6 +362,18 @@ impl RedisLimiterBuilder {
                 }
             })
             .collect();
+        // Hosts of one domain share one gate: a serialized host's holder
+        // would mean nothing to a lease-mode host beside it.
+        if policies.key_by() == crate::KeyBy::RegistrableDomain
+            && let Some(i) = (1..args.len()).find(|&i| (args[i].cap == 0) != (args[0].cap == 0))
+        {
+            return Err(ConfigError::InvalidRule {
+                rule: policies.rules()[i - 1].pattern().to_owned(),
+                reason: "keyed by registrable domain, hosts of one domain share one state in \
+                         Redis: a rule cannot be serialized when the default is in lease mode, \
+                         or the other way round",
+            });
+        }
         // The per-process cap of each policy, raised to its cluster cap.
         let local = policies.map(|i, pacing| {
             Pacing::default()

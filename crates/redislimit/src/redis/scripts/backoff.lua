@@ -40,6 +40,7 @@ local hold_until = now + gap
 if hold_until > nxt then
   redis.call('HSET', gate, 'next', int(hold_until))
 end
-extend(gate, gap)
+-- The gap outlives the hold: a signal again within `max` goes on from it.
+extend(gate, math.max(gap, max))
 return gap
 end, now, math.max(start, tonumber(ARGV[4])), step == 1 and start or 0)
