@@ -24,7 +24,7 @@ async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
         .build()
         .unwrap();
     let client = ClientBuilder::new(http)
-        .with(PacingMiddleware::from_arc(limiter))
+        .with(PacingMiddleware::from_arc(Arc::clone(&limiter)))
         .build();
     let get = |path: String, priority: u8| {
         let (client, url) = (client.clone(), upstream.url("t.test", &path));
@@ -38,11 +38,11 @@ async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
             response.bytes().await.unwrap();
         })
     };
-    let mut tasks = vec![get("/slow?chunks=4&every=100".into(), 128)];
-    tokio::time::sleep(50 * MS).await;
+    let mut tasks = vec![get("/slow?chunks=10&every=100".into(), 128)];
+    queued(&*limiter, 0).await;
     for i in 0..10 {
         tasks.push(get(format!("/?low={i}"), 10));
-        tokio::time::sleep(5 * MS).await;
+        queued(&*limiter, i + 1).await;
     }
     tasks.push(get("/?high".into(), 250));
     for task in tasks {
@@ -56,8 +56,24 @@ async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
         .collect()
 }
 
+/// Waits until `n` acquires wait in `limiter` (each one queued before the
+/// next is sent, so arrival order is certain) and, for `n = 0`, until the
+/// first request holds the host.
+async fn queued(limiter: &dyn Limiter, n: usize) {
+    bounded(10, async {
+        loop {
+            let now = limiter.snapshot(0);
+            if now.queued == n && now.in_flight == 1 {
+                return;
+            }
+            tokio::time::sleep(MS).await;
+        }
+    })
+    .await;
+}
+
 fn expected() -> Vec<String> {
-    let mut order = vec!["/slow?chunks=4&every=100".to_owned(), "/?high".to_owned()];
+    let mut order = vec!["/slow?chunks=10&every=100".to_owned(), "/?high".to_owned()];
     order.extend((0..10).map(|i| format!("/?low={i}")));
     order
 }
@@ -84,4 +100,49 @@ async fn a_high_priority_request_overtakes_ten_low_ones_through_redis() {
         .unwrap()
         .with_fallback();
     assert_eq!(order_through(Arc::new(limiter)).await, expected());
+}
+
+/// The same through the tower layer in front of the hyper-util client: the
+/// priority is read from the `http::Request` extensions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_request_overtakes_ten_low_ones_through_tower() {
+    use http_body_util::{BodyExt, Empty};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+
+    let upstream = Upstream::start().await;
+    let limiter: Arc<dyn Limiter> = Arc::new(domain_limiter(|p| p.min_delay(5 * MS)));
+    let layer = redislimit_tower::PaceLayer::from_arc(Arc::clone(&limiter));
+    let client = ServiceBuilder::new()
+        .layer(layer)
+        .service(crate::tower_client::hyper_client(&upstream));
+    let get = |path: String, priority: u8| {
+        let (mut client, url) = (client.clone(), upstream.url("t.test", &path));
+        tokio::spawn(async move {
+            let mut request = http::Request::get(url)
+                .body(Empty::<bytes::Bytes>::new())
+                .unwrap();
+            request
+                .extensions_mut()
+                .insert(RequestPacing::new().with_priority(priority));
+            let response = client.ready().await.unwrap().call(request).await.unwrap();
+            response.into_body().collect().await.unwrap();
+        })
+    };
+    let mut tasks = vec![get("/slow?chunks=10&every=100".into(), 128)];
+    queued(&*limiter, 0).await;
+    for i in 0..10 {
+        tasks.push(get(format!("/?low={i}"), 10));
+        queued(&*limiter, i + 1).await;
+    }
+    tasks.push(get("/?high".into(), 250));
+    for task in tasks {
+        bounded(20, task).await.unwrap();
+    }
+    let order: Vec<String> = upstream
+        .recorder()
+        .host("t.test")
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(order, expected());
 }
