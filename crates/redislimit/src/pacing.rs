@@ -306,9 +306,11 @@ impl PacingBuilder {
     /// fails at once with [`Error::QueueFull`](crate::Error::QueueFull),
     /// booking nothing, so a caller can shed load instead of piling up
     /// waiters. 0 lets nobody wait: an acquire is admitted at once or
-    /// refused. Unbounded by default. With a Redis limiter, requests
-    /// admitted in this process and asking Redis count against the
-    /// in-flight cap, not this bound.
+    /// refused. Unbounded by default. The bound counts every waiter,
+    /// whatever its [priority](crate::RequestPacing): a high-priority
+    /// acquire that meets a full queue is refused too. With a Redis
+    /// limiter, requests admitted in this process and asking Redis count
+    /// against the in-flight cap, not this bound.
     pub fn max_queued(mut self, n: u32) -> Self {
         self.pacing.max_queued = Some(n);
         self
