@@ -124,7 +124,12 @@ async fn replicas_with_other_rules_are_refused() {
         (other_gap, " rules=2:"),
         (Policies::new(gap(5 * MS)), "lease_ttl=30s"),
         (
-            rules().with_key_by(KeyBy::RegistrableDomain),
+            // Keyed by domain, rules may not mix serialized and lease
+            // modes: the same rules without the lease one.
+            Policies::new(gap(5 * MS))
+                .with_rule(Rule::new("a.test", gap(60 * MS)))
+                .unwrap()
+                .with_key_by(KeyBy::RegistrableDomain),
             "key_by=domain",
         ),
     ];
