@@ -1,4 +1,5 @@
-//! `DomainLimiter`: strict-FIFO, event-driven per-host pacing in one process.
+//! `DomainLimiter`: first come, first served (by priority), event-driven
+//! per-host pacing in one process.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
@@ -29,8 +30,9 @@ use crate::{
 /// [`min_delay`](Pacing::min_delay) after the previous send *and* after the
 /// latest completion, admits at most [`quota`](Pacing::quota) per sliding
 /// [`window`](Pacing::window), and adds [`jitter`](Pacing::jitter) to every
-/// nonzero wait. Waiters for one host are served strictly first come, first
-/// served.
+/// nonzero wait. Waiters for one host are served first come, first served,
+/// within their [priority](crate::RequestPacing) (higher first); every
+/// host's rule comes from its [`Policies`].
 ///
 /// It is event-driven: a waiter sleeps exactly until its turn can come, or
 /// until a release or a penalty changes it; there is no polling loop and no
@@ -102,7 +104,8 @@ struct Entry {
     /// hosts sharing a key may have different rules), the one whose window
     /// and delays last longest: it decides when the entry is idle.
     policy: usize,
-    /// Waiters in arrival order; only the head ever decides.
+    /// Waiters by priority, in arrival order among equals; only the head
+    /// ever decides.
     queue: VecDeque<Waiter>,
     /// The expiry queued for this host, if any.
     sweep_at: Option<Instant>,
