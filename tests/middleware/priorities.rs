@@ -13,9 +13,33 @@ use reqwest_middleware::ClientBuilder;
 
 use crate::{MS, bounded, domain_limiter};
 
-/// The paths the upstream saw for `t.test`, in order, after a slow first
-/// request, ten low-priority ones and one high-priority one queued behind
-/// it through `limiter`.
+/// A request to `t.test` at a path and priority, sent through the client
+/// under test and read to its end.
+type Sender = Arc<dyn Fn(String, u8) -> tokio::task::JoinHandle<()> + Send + Sync>;
+
+/// The paths `upstream` saw for `t.test`, in order, after a slow first
+/// request, ten low-priority ones and one high-priority one were sent with
+/// `send`, each queued in `limiter` before the next left.
+async fn order_of(upstream: &Upstream, limiter: &dyn Limiter, send: Sender) -> Vec<String> {
+    let mut tasks = vec![send("/slow?chunks=10&every=100".into(), 128)];
+    queued(limiter, 0).await;
+    for i in 0..10 {
+        tasks.push(send(format!("/?low={i}"), 10));
+        queued(limiter, i + 1).await;
+    }
+    tasks.push(send("/?high".into(), 250));
+    for task in tasks {
+        bounded(20, task).await.unwrap();
+    }
+    upstream
+        .recorder()
+        .host("t.test")
+        .into_iter()
+        .map(|r| r.path)
+        .collect()
+}
+
+/// [`order_of`] through the reqwest middleware over `limiter`.
 async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
     let upstream = Upstream::start().await;
     let http = reqwest::Client::builder()
@@ -26,8 +50,9 @@ async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
     let client = ClientBuilder::new(http)
         .with(PacingMiddleware::from_arc(Arc::clone(&limiter)))
         .build();
-    let get = |path: String, priority: u8| {
-        let (client, url) = (client.clone(), upstream.url("t.test", &path));
+    let base = upstream.url("t.test", "");
+    let send: Sender = Arc::new(move |path, priority| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
         tokio::spawn(async move {
             let response = client
                 .get(&url)
@@ -37,23 +62,8 @@ async fn order_through(limiter: Arc<dyn Limiter>) -> Vec<String> {
                 .unwrap();
             response.bytes().await.unwrap();
         })
-    };
-    let mut tasks = vec![get("/slow?chunks=10&every=100".into(), 128)];
-    queued(&*limiter, 0).await;
-    for i in 0..10 {
-        tasks.push(get(format!("/?low={i}"), 10));
-        queued(&*limiter, i + 1).await;
-    }
-    tasks.push(get("/?high".into(), 250));
-    for task in tasks {
-        bounded(20, task).await.unwrap();
-    }
-    upstream
-        .recorder()
-        .host("t.test")
-        .into_iter()
-        .map(|r| r.path)
-        .collect()
+    });
+    order_of(&upstream, &*limiter, send).await
 }
 
 /// Waits until `n` acquires wait in `limiter` (each one queued before the
@@ -115,8 +125,9 @@ async fn a_high_priority_request_overtakes_ten_low_ones_through_tower() {
     let client = ServiceBuilder::new()
         .layer(layer)
         .service(crate::tower_client::hyper_client(&upstream));
-    let get = |path: String, priority: u8| {
-        let (mut client, url) = (client.clone(), upstream.url("t.test", &path));
+    let base = upstream.url("t.test", "");
+    let send: Sender = Arc::new(move |path, priority| {
+        let (mut client, url) = (client.clone(), format!("{base}{path}"));
         tokio::spawn(async move {
             let mut request = http::Request::get(url)
                 .body(Empty::<bytes::Bytes>::new())
@@ -127,22 +138,7 @@ async fn a_high_priority_request_overtakes_ten_low_ones_through_tower() {
             let response = client.ready().await.unwrap().call(request).await.unwrap();
             response.into_body().collect().await.unwrap();
         })
-    };
-    let mut tasks = vec![get("/slow?chunks=10&every=100".into(), 128)];
-    queued(&*limiter, 0).await;
-    for i in 0..10 {
-        tasks.push(get(format!("/?low={i}"), 10));
-        queued(&*limiter, i + 1).await;
-    }
-    tasks.push(get("/?high".into(), 250));
-    for task in tasks {
-        bounded(20, task).await.unwrap();
-    }
-    let order: Vec<String> = upstream
-        .recorder()
-        .host("t.test")
-        .into_iter()
-        .map(|r| r.path)
-        .collect();
+    });
+    let order = order_of(&upstream, &*limiter, send).await;
     assert_eq!(order, expected());
 }

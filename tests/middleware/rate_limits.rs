@@ -30,29 +30,11 @@ async fn hold_after(
     response.bytes().await.unwrap();
     let next = upstream.url("t.test", "/?next");
     let other = upstream.url("o.test", "/?other");
-    let (a, b) = tokio::join!(
-        async {
-            client
-                .get(&next)
-                .send()
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap()
-        },
-        async {
-            client
-                .get(&other)
-                .send()
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap()
-        },
-    );
-    drop((a, b));
+    let read = |url: String| {
+        let client = client.clone();
+        async move { client.get(url).send().await.unwrap().bytes().await.unwrap() }
+    };
+    drop(tokio::join!(read(next), read(other)));
     let t = upstream.recorder().host("t.test");
     let o = upstream.recorder().host("o.test");
     assert_eq!((t.len(), o.len()), (2, 1));
