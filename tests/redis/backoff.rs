@@ -110,3 +110,45 @@ async fn successes_narrow_the_shared_gap_away() {
     l.acquire_host("t", h, None).await.unwrap().release();
     assert!(start.elapsed() + 15 * MS >= s(1), "{:?}", start.elapsed());
 }
+
+/// Redis killed: the gap is kept in process (the fallback holds the host),
+/// and still widens on each bare 503, as the upstream sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_dead_the_gap_widens_in_process() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let far = SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + Duration::from_secs(60);
+    let url = upstream.url("a.test", &format!("/outage?until={}", far.as_millis()));
+    let limiter = Arc::new(
+        limiter(
+            standalone(&server.url()),
+            |p| p.min_delay(10 * MS),
+            |b| b.lease_ttl(Duration::from_secs(2)),
+        )
+        .with_fallback(),
+    );
+    // Sharing first, so the fallback takes over from a live limiter.
+    drop(
+        limiter
+            .acquire_host("t", host("warm.test"), None)
+            .await
+            .unwrap(),
+    );
+    server.kill();
+    let http = reqwest::Client::builder()
+        .resolve("a.test", upstream.addr())
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(http)
+        .with(PacingMiddleware::from_arc(limiter))
+        .build();
+    for _ in 0..3 {
+        assert_eq!(get(&client, &url).await, 503);
+    }
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(seen.len(), 3);
+    let gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].send - w[0].send).collect();
+    let slack = 15 * MS;
+    assert!(gaps[0] + slack >= Duration::from_secs(1), "{gaps:?}");
+    assert!(gaps[1] + slack >= Duration::from_secs(2), "{gaps:?}");
+}

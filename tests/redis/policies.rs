@@ -196,3 +196,32 @@ async fn snapshots_and_bounded_queues_through_redis() {
     let idle = limiter.snapshot(5);
     assert_eq!((idle.queued, idle.in_flight), (0, 0), "{idle:?}");
 }
+
+/// Redis killed mid-run: the fallback keeps each host's own rule (judged
+/// at the recorded sends), not the default for all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_dead_each_host_keeps_its_rule_in_process() {
+    let server = RedisServer::start();
+    let limiter: Arc<dyn Limiter> = Arc::new(
+        limiter(
+            standalone(&server.url()),
+            |p| p,
+            |b| b.policies(rules()).lease_ttl(Duration::from_secs(2)),
+        )
+        .with_fallback(),
+    );
+    drop(
+        limiter
+            .acquire_host("t", host("warm.test"), None)
+            .await
+            .unwrap(),
+    );
+    server.kill();
+    let rec = drive_all(&[limiter], &["a.test", "c.test"], 2, 6, 10 * MS).await;
+    let a = rec.host("a.test");
+    assert_eq!(a.len(), 6);
+    assert_serialized(&a, 60 * MS);
+    let c = rec.host("c.test");
+    let gap = assert_serialized(&c, 5 * MS);
+    assert!(gap < 60 * MS, "c.test was paced like a.test: {gap:?}");
+}
