@@ -108,16 +108,15 @@ impl TopHosts {
         }
     }
 
-    /// Offers a host that is `busy` (waited for, in flight, or held back
-    /// for now); `make` builds its entry only when it is kept.
+    /// Offers a host with acquires waiting; `make` builds its entry only
+    /// when it is kept.
     pub(crate) fn offer(
         &mut self,
         queued: usize,
         in_flight: usize,
-        busy: bool,
         make: impl FnOnce() -> HostSnapshot,
     ) {
-        if self.top == 0 || !busy {
+        if self.top == 0 {
             return;
         }
         if self.heap.len() < self.top {

@@ -239,6 +239,15 @@ impl DomainLimiter {
         totals
     }
 
+    /// Requests in flight under `key` (a key, as `visit_busy` names them).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn in_flight_of(&self, key: &HostKey) -> usize {
+        lock(self.inner.shard(key))
+            .hosts
+            .get(key)
+            .map_or(0, |entry| entry.state.in_flight() as usize)
+    }
+
     /// [`Limiter::snapshot`], naming `paced_by`, with the next send and
     /// penalty end when `times` (this process decides them).
     pub(crate) fn snapshot_as(&self, top: usize, paced_by: PacedBy, times: bool) -> Snapshot {
@@ -246,7 +255,7 @@ impl DomainLimiter {
         let mut tops = TopHosts::new(top);
         let (active_hosts, queued, in_flight) =
             self.visit_busy(|host, queued, in_flight, next, held| {
-                tops.offer(queued, in_flight, true, || HostSnapshot {
+                tops.offer(queued, in_flight, || HostSnapshot {
                     host: host.clone(),
                     queued,
                     in_flight,

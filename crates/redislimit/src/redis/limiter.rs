@@ -1089,7 +1089,7 @@ impl Shared {
         let mut tops = TopHosts::new(top);
         let mut offer = |host: &HostKey, queued: usize, admitted: usize, asking: usize| {
             let (queued, in_flight) = (queued + asking, admitted.saturating_sub(asking));
-            tops.offer(queued, in_flight, true, || HostSnapshot {
+            tops.offer(queued, in_flight, || HostSnapshot {
                 host: host.clone(),
                 queued,
                 in_flight,
@@ -1112,7 +1112,8 @@ impl Shared {
         // Hosts asking Redis with nobody queued in process behind them.
         for (host, asking) in &asking {
             if !seen.contains(host) {
-                offer(host, 0, *asking, *asking);
+                let admitted = self.local.in_flight_of(host).max(*asking);
+                offer(host, 0, admitted, *asking);
             }
         }
         let asking_total = poll_queued + polling;
