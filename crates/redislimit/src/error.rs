@@ -53,6 +53,22 @@ pub enum Error {
         max: u32,
     },
 
+    /// A request's [`weight`](crate::RequestPacing::with_weight) is 0, or
+    /// more than it can ever fit in: the host's in-flight cap (in the
+    /// Redis limiter, also its cross-replica cap; 1 in serialized mode)
+    /// or its quota. Returned at once; nothing was booked.
+    #[error(
+        "a request of weight {weight} can never be admitted to {host} (weights go from 1 to {limit})"
+    )]
+    InvalidWeight {
+        /// The host (its key).
+        host: String,
+        /// The weight asked for.
+        weight: u32,
+        /// The largest weight the host admits.
+        limit: u32,
+    },
+
     /// The URL could not be parsed, or it has no host to pace (`mailto:`,
     /// `file:///`, `data:` ...).
     #[error("cannot pace {url:?}: {reason}")]

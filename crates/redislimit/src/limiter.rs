@@ -52,9 +52,11 @@ pub trait Limiter: Send + Sync + fmt::Debug {
     /// [`acquire_host`](Self::acquire_host) for a request paced as
     /// `request` says: its [`priority`](RequestPacing::with_priority)
     /// orders this process's waiters for the host, higher first and in
-    /// arrival order among equals. Across replicas, each process orders
-    /// its own waiters; Redis admits whichever asks first. The default
-    /// (for limiters that keep no queue) ignores it.
+    /// arrival order among equals, and its
+    /// [`weight`](RequestPacing::with_weight) is how many slots of the
+    /// cap and units of the quota it takes. Across replicas, each process
+    /// orders its own waiters; Redis admits whichever asks first. The
+    /// default (for limiters that keep no queue) ignores both.
     fn acquire_with<'a>(
         &'a self,
         engine: &'a str,
@@ -173,26 +175,44 @@ pub trait Limiter: Send + Sync + fmt::Debug {
     }
 }
 
-/// How one request is paced beside the others to its host: today its
-/// priority. A pacing middleware reads it from the request's extensions.
+/// How one request is paced beside the others to its host: its priority
+/// and its weight. A pacing middleware reads it from the request's
+/// extensions.
+///
+/// The **priority** orders the waiters of one process for one host: higher
+/// first, in arrival order among equals.
+///
+/// The **weight** (1 unless set) is how much of the host the request
+/// takes: it counts as `weight` requests of the in-flight cap
+/// ([`max_concurrent`](crate::PacingBuilder::max_concurrent), and the
+/// Redis limiter's cross-replica cap) and `weight` admissions of the
+/// [`quota`](crate::PacingBuilder::quota). A weight of 0, or one above
+/// what it must fit in, is refused with [`Error::InvalidWeight`]. A
+/// request that does not fit beside those in flight lets lighter ones
+/// behind it go first (best fit), without losing its place: it is admitted
+/// as soon as its weight fits and nothing ahead of it waits.
 ///
 /// ```
 /// use redislimit::RequestPacing;
 ///
 /// let urgent = RequestPacing::new().with_priority(200);
 /// assert!(urgent.priority() > RequestPacing::default().priority());
+/// let export = RequestPacing::new().with_weight(3);
+/// assert_eq!(export.weight(), 3);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct RequestPacing {
     priority: u8,
+    weight: u32,
 }
 
 impl RequestPacing {
     /// The priority of a request that sets none: the middle of the range.
     pub const DEFAULT_PRIORITY: u8 = 128;
 
-    /// The default: priority [`DEFAULT_PRIORITY`](Self::DEFAULT_PRIORITY).
+    /// The default: priority [`DEFAULT_PRIORITY`](Self::DEFAULT_PRIORITY),
+    /// weight 1.
     pub fn new() -> Self {
         Self::default()
     }
@@ -204,9 +224,36 @@ impl RequestPacing {
         self
     }
 
+    /// Counts as `weight` requests in flight and `weight` admissions of
+    /// the quota. Checked when acquiring: 0, or more than the host's cap
+    /// or quota, fails with [`Error::InvalidWeight`].
+    pub fn with_weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
     /// The priority.
     pub fn priority(&self) -> u8 {
         self.priority
+    }
+
+    /// The weight.
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// Checks the weight against what a request must fit in under
+    /// `pacing`: its in-flight cap `cap` and its quota.
+    pub(crate) fn check_weight(&self, host: &HostKey, cap: u32, quota: u32) -> Result<u32, Error> {
+        let limit = if quota > 0 { cap.min(quota) } else { cap };
+        if self.weight == 0 || self.weight > limit {
+            return Err(Error::InvalidWeight {
+                host: host.to_string(),
+                weight: self.weight,
+                limit,
+            });
+        }
+        Ok(self.weight)
     }
 }
 
@@ -214,6 +261,7 @@ impl Default for RequestPacing {
     fn default() -> Self {
         Self {
             priority: Self::DEFAULT_PRIORITY,
+            weight: 1,
         }
     }
 }

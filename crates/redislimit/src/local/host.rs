@@ -26,13 +26,14 @@ pub(crate) enum Decision {
 /// What one host's pacing remembers.
 #[derive(Debug, Clone)]
 pub(crate) struct HostState {
-    /// Requests admitted and not yet released.
+    /// Requests admitted and not yet released, by weight.
     in_flight: u32,
     /// No send before this: the latest of previous send + `min_delay`,
     /// latest completion + `min_delay` and any penalty. Only moves forward.
     ready_at: Instant,
-    /// Admission instants still inside the quota window, oldest first; at
-    /// most `quota` of them (older ones can no longer matter).
+    /// Admission instants, oldest first, one per unit of weight: those
+    /// still inside the quota window, and perhaps older ones (dropped at
+    /// the next admission; only the `quota` newest ever decide).
     admissions: VecDeque<Instant>,
     /// Counts changes, so an undo knows whether its admission was the last.
     epoch: u64,
@@ -49,11 +50,20 @@ pub(crate) struct HostState {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Admission {
     at: Instant,
+    /// Its weight: slots in flight and quota records.
+    weight: u32,
     ready_before: Instant,
     epoch: u64,
     /// When its send was recorded (and the epoch that made), with what
     /// the record replaced.
     sent: Option<(Instant, u64, Unsent)>,
+}
+
+impl Admission {
+    /// Its weight.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
+    }
 }
 
 /// The send record of a host before [`HostState::try_send`] changed it.
@@ -62,8 +72,6 @@ pub(crate) struct Unsent {
     last_sent: Option<Instant>,
     sent_gap_until: Instant,
     ready_at: Instant,
-    /// A quota record the send pushed out of the `quota` newest.
-    dropped: Option<Instant>,
 }
 
 impl HostState {
@@ -89,35 +97,43 @@ impl HostState {
         self.last_sent
     }
 
-    /// Requests in flight.
+    /// Requests in flight, by weight.
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight
     }
 
-    /// The earliest instant the next send may happen, concurrency aside.
-    pub(crate) fn next_send(&self, pacing: &Pacing) -> Instant {
+    /// The earliest instant the next send of `weight` may happen,
+    /// concurrency aside.
+    pub(crate) fn next_send(&self, pacing: &Pacing, weight: u32) -> Instant {
         let quota = pacing.quota() as usize;
-        match self.admissions.front() {
-            // The oldest of `quota` admissions leaves the window at
-            // `oldest + window`; only then is there room for one more.
-            Some(&oldest) if quota > 0 && self.admissions.len() >= quota => {
-                self.ready_at.max(after(oldest, pacing.window()))
-            }
+        // Room for `weight` more once at most `quota - weight` records are
+        // left inside the window: once the newest record beyond those has
+        // left it, at `record + window`.
+        let keep = quota.saturating_sub(weight as usize);
+        match self.admissions.len().checked_sub(keep + 1) {
+            Some(i) if quota > 0 => self
+                .ready_at
+                .max(after(self.admissions[i], pacing.window())),
             _ => self.ready_at,
         }
     }
 
-    /// What the next request in line may do at `now`.
-    pub(crate) fn decide(&self, now: Instant, pacing: &Pacing) -> Decision {
-        if self.in_flight >= pacing.max_concurrent() {
+    /// What a request of `weight` may do at `now`.
+    pub(crate) fn decide(&self, now: Instant, pacing: &Pacing, weight: u32) -> Decision {
+        if !self.fits(pacing, weight) {
             return Decision::Full;
         }
-        let at = self.next_send(pacing);
+        let at = self.next_send(pacing, weight);
         if at > now {
             Decision::WaitUntil(at)
         } else {
             Decision::Admit
         }
+    }
+
+    /// Whether `weight` more fit beside the requests in flight.
+    pub(crate) fn fits(&self, pacing: &Pacing, weight: u32) -> bool {
+        pacing.max_concurrent().saturating_sub(self.in_flight) >= weight
     }
 
     /// The earliest a request with `ahead` others in line before it could
@@ -126,30 +142,30 @@ impl HostState {
         let spacing = pacing
             .min_delay()
             .saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
-        after(self.next_send(pacing).max(now), spacing)
+        after(self.next_send(pacing, 1).max(now), spacing)
     }
 
-    /// Records an admission at `now`.
-    pub(crate) fn admit(&mut self, now: Instant, pacing: &Pacing) -> Admission {
+    /// Records an admission of `weight` at `now`.
+    pub(crate) fn admit(&mut self, now: Instant, pacing: &Pacing, weight: u32) -> Admission {
         let admission = Admission {
             at: now,
+            weight,
             ready_before: self.ready_at,
             epoch: self.epoch.wrapping_add(1),
             sent: None,
         };
         self.epoch = admission.epoch;
-        self.in_flight += 1;
+        self.in_flight = self.in_flight.saturating_add(weight);
         self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
         if pacing.quota() > 0 {
-            // Admissions that left the window can no longer matter; what is
-            // left is at most `quota` (this one is admitted only when fewer
-            // than `quota` were inside the window).
+            // Admissions that left the window can no longer matter.
             while let Some(&oldest) = self.admissions.front()
                 && after(oldest, pacing.window()) <= now
             {
                 self.admissions.pop_front();
             }
-            self.admissions.push_back(now);
+            self.admissions
+                .extend(std::iter::repeat_n(now, weight as usize));
         }
         admission
     }
@@ -162,23 +178,9 @@ impl HostState {
     /// same way: unless another admission, send, completion or penalty was
     /// recorded since, the host is as it was before the send was recorded.
     pub(crate) fn undo(&mut self, admission: &Admission) {
-        self.in_flight = self.in_flight.saturating_sub(1);
+        self.in_flight = self.in_flight.saturating_sub(admission.weight);
         let recorded_at = admission.sent.as_ref().map_or(admission.at, |(at, ..)| *at);
-        if let Some(i) = self.admissions.iter().rposition(|&t| t == recorded_at) {
-            self.admissions.remove(i);
-            // What the send pushed out counts again.
-            if let Some((
-                _,
-                _,
-                Unsent {
-                    dropped: Some(t), ..
-                },
-            )) = &admission.sent
-            {
-                let pos = self.admissions.partition_point(|&x| x <= *t);
-                self.admissions.insert(pos, *t);
-            }
-        }
+        self.forget(recorded_at, admission.weight);
         match &admission.sent {
             Some((_, epoch, before)) if self.epoch == *epoch => {
                 self.last_sent = before.last_sent;
@@ -221,38 +223,42 @@ impl HostState {
             last_sent: self.last_sent,
             sent_gap_until: self.sent_gap_until,
             ready_at,
-            dropped: None,
         };
         self.epoch = self.epoch.wrapping_add(1);
         admission.sent = Some((at, self.epoch, before));
         self.last_sent = Some(at);
         self.sent_gap_until = after(at, pacing.min_delay());
         self.ready_at = self.ready_at.max(self.sent_gap_until);
-        let quota = pacing.quota() as usize;
-        if quota == 0 || at <= admission.at {
+        if pacing.quota() == 0 || at <= admission.at {
             return Ok(());
         }
-        if let Some(i) = self.admissions.iter().rposition(|&t| t == admission.at) {
-            self.admissions.remove(i);
-        }
+        // The records move to the send; older ones stay until the next
+        // admission drops what has left the window (only the `quota`
+        // newest decide, so a record kept too long changes nothing).
+        self.forget(admission.at, admission.weight);
         let pos = self.admissions.partition_point(|&t| t <= at);
-        self.admissions.insert(pos, at);
-        // The `quota` newest admissions decide; older ones no longer matter
-        // (unless this send is taken back: the one dropped is kept).
-        while self.admissions.len() > quota {
-            let dropped = self.admissions.pop_front();
-            if let Some((_, _, before)) = &mut admission.sent {
-                before.dropped = before.dropped.or(dropped);
-            }
+        for _ in 0..admission.weight {
+            self.admissions.insert(pos, at);
         }
         Ok(())
     }
 
-    /// Records a completion at `now`: unless the pacing spaces sends only,
-    /// the next send waits `min_delay` from it.
-    pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing) {
+    /// Drops up to `weight` quota records made at `at`.
+    fn forget(&mut self, at: Instant, weight: u32) {
+        for _ in 0..weight {
+            match self.admissions.iter().rposition(|&t| t == at) {
+                Some(i) => drop(self.admissions.remove(i)),
+                None => return,
+            }
+        }
+    }
+
+    /// Records the completion at `now` of a request of `weight`: unless
+    /// the pacing spaces sends only, the next send waits `min_delay` from
+    /// it.
+    pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing, weight: u32) {
         self.epoch = self.epoch.wrapping_add(1);
-        self.in_flight = self.in_flight.saturating_sub(1);
+        self.in_flight = self.in_flight.saturating_sub(weight);
         if pacing.spacing() == Spacing::SendsAndCompletions {
             self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
         }
@@ -301,7 +307,7 @@ mod tests {
     fn fresh_state_admits() {
         let t0 = Instant::now();
         let p = pacing(1, 100, 0, 0);
-        assert_eq!(HostState::new(t0).decide(t0, &p), Decision::Admit);
+        assert_eq!(HostState::new(t0).decide(t0, &p, 1), Decision::Admit);
     }
 
     #[test]
@@ -309,15 +315,15 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(2, 100, 0, 0);
         let mut s = HostState::new(t0);
-        s.admit(t0, &p);
-        assert_eq!(s.decide(t0, &p), Decision::WaitUntil(t0 + 100 * MS));
+        s.admit(t0, &p, 1);
+        assert_eq!(s.decide(t0, &p, 1), Decision::WaitUntil(t0 + 100 * MS));
         // A completion later than the send pushes the next send further.
-        s.complete(t0 + 50 * MS, &p);
+        s.complete(t0 + 50 * MS, &p, 1);
         assert_eq!(
-            s.decide(t0 + 50 * MS, &p),
+            s.decide(t0 + 50 * MS, &p, 1),
             Decision::WaitUntil(t0 + 150 * MS)
         );
-        assert_eq!(s.decide(t0 + 150 * MS, &p), Decision::Admit);
+        assert_eq!(s.decide(t0 + 150 * MS, &p, 1), Decision::Admit);
     }
 
     #[test]
@@ -325,19 +331,19 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(2, 100, 1, 1000);
         let mut s = HostState::new(t0);
-        let a = s.admit(t0, &p);
+        let a = s.admit(t0, &p, 1);
         s.undo(&a);
         assert_eq!(
-            s.decide(t0, &p),
+            s.decide(t0, &p, 1),
             Decision::Admit,
             "quota and gap are free again"
         );
         assert_eq!(s.idle_at(&p), Some(t0));
         // Something happened since: the gap it opened stays (conservative).
-        let a = s.admit(t0, &p);
+        let a = s.admit(t0, &p, 1);
         s.penalize(t0, 10 * MS);
         s.undo(&a);
-        assert_eq!(s.decide(t0, &p), Decision::WaitUntil(t0 + 100 * MS));
+        assert_eq!(s.decide(t0, &p, 1), Decision::WaitUntil(t0 + 100 * MS));
     }
 
     #[test]
@@ -345,27 +351,27 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(4, 100, 2, 1000);
         let mut s = HostState::new(t0);
-        let mut a = s.admit(t0, &p);
-        s.admit(t0 + 100 * MS, &p);
+        let mut a = s.admit(t0, &p, 1);
+        s.admit(t0 + 100 * MS, &p, 1);
         // The first request really left at 700 ms.
         assert_eq!(s.try_send(&mut a, t0 + 700 * MS, &p), Ok(()));
         assert_eq!(
-            s.decide(t0 + 700 * MS, &p),
+            s.decide(t0 + 700 * MS, &p, 1),
             Decision::WaitUntil(t0 + 1100 * MS),
             "the quota is full until the older record (100 ms) leaves the window"
         );
         assert_eq!(s.idle_at(&p), None);
-        s.complete(t0 + 750 * MS, &p);
-        s.complete(t0 + 760 * MS, &p);
+        s.complete(t0 + 750 * MS, &p, 1);
+        s.complete(t0 + 760 * MS, &p, 1);
         assert_eq!(s.idle_at(&p), Some(t0 + 1700 * MS));
         // Without a quota, only the gap moves.
         let p = pacing(4, 100, 0, 0);
         let mut s = HostState::new(t0);
-        let mut a = s.admit(t0, &p);
-        let mut b = s.admit(t0 + 100 * MS, &p);
+        let mut a = s.admit(t0, &p, 1);
+        let mut b = s.admit(t0 + 100 * MS, &p, 1);
         assert_eq!(s.try_send(&mut a, t0 + 500 * MS, &p), Ok(()));
         assert_eq!(
-            s.decide(t0 + 550 * MS, &p),
+            s.decide(t0 + 550 * MS, &p, 1),
             Decision::WaitUntil(t0 + 600 * MS)
         );
         // Another admission may not leave within min_delay of that send.
@@ -380,14 +386,14 @@ mod tests {
         let mut s = HostState::new(t0);
         // A waits 1.5 s elsewhere; B and C are admitted meanwhile (A's own
         // record has left the window by then).
-        let mut a = s.admit(t0, &p);
-        s.admit(t0 + 1200 * MS, &p);
-        s.admit(t0 + 1300 * MS, &p);
+        let mut a = s.admit(t0, &p, 1);
+        s.admit(t0 + 1200 * MS, &p, 1);
+        s.admit(t0 + 1300 * MS, &p, 1);
         assert_eq!(s.try_send(&mut a, t0 + 1500 * MS, &p), Ok(()));
         s.undo(&a);
         // B and C still fill the quota until B leaves the window.
         assert_eq!(
-            s.decide(t0 + 1600 * MS, &p),
+            s.decide(t0 + 1600 * MS, &p, 1),
             Decision::WaitUntil(t0 + 2200 * MS)
         );
     }
@@ -397,31 +403,31 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(4, 100, 2, 1000);
         let mut s = HostState::new(t0);
-        let mut a = s.admit(t0, &p);
+        let mut a = s.admit(t0, &p, 1);
         assert_eq!(s.try_send(&mut a, t0 + 50 * MS, &p), Ok(()));
         assert_eq!(s.last_sent(), Some(t0 + 50 * MS));
         s.undo(&a);
         // As if it had never been admitted: no gap, no quota entry, no send.
         assert_eq!(s.last_sent(), None);
-        assert_eq!(s.decide(t0 + 60 * MS, &p), Decision::Admit);
-        let mut b = s.admit(t0 + 60 * MS, &p);
+        assert_eq!(s.decide(t0 + 60 * MS, &p, 1), Decision::Admit);
+        let mut b = s.admit(t0 + 60 * MS, &p, 1);
         assert_eq!(s.try_send(&mut b, t0 + 60 * MS, &p), Ok(()));
-        s.admit(t0 + 160 * MS, &p);
+        s.admit(t0 + 160 * MS, &p, 1);
         assert_eq!(
-            s.decide(t0 + 260 * MS, &p),
+            s.decide(t0 + 260 * MS, &p, 1),
             Decision::WaitUntil(t0 + 1060 * MS),
             "two quota entries, not three"
         );
         // Something recorded after the send: only the counts go back.
         let mut p2 = HostState::new(t0);
         let q = pacing(4, 100, 0, 0);
-        let mut c = p2.admit(t0, &q);
+        let mut c = p2.admit(t0, &q, 1);
         assert_eq!(p2.try_send(&mut c, t0, &q), Ok(()));
-        p2.admit(t0 + 100 * MS, &q);
+        p2.admit(t0 + 100 * MS, &q, 1);
         p2.undo(&c);
         assert_eq!(p2.last_sent(), Some(t0));
         assert_eq!(
-            p2.decide(t0 + 150 * MS, &q),
+            p2.decide(t0 + 150 * MS, &q, 1),
             Decision::WaitUntil(t0 + 200 * MS)
         );
     }
@@ -431,13 +437,13 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(2, 100, 0, 0).with_spacing(Spacing::Sends);
         let mut s = HostState::new(t0);
-        s.admit(t0, &p);
-        s.complete(t0 + 90 * MS, &p);
+        s.admit(t0, &p, 1);
+        s.complete(t0 + 90 * MS, &p, 1);
         assert_eq!(
-            s.decide(t0 + 90 * MS, &p),
+            s.decide(t0 + 90 * MS, &p, 1),
             Decision::WaitUntil(t0 + 100 * MS)
         );
-        assert_eq!(s.decide(t0 + 100 * MS, &p), Decision::Admit);
+        assert_eq!(s.decide(t0 + 100 * MS, &p, 1), Decision::Admit);
     }
 
     #[test]
@@ -445,10 +451,10 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(1, 0, 0, 0);
         let mut s = HostState::new(t0);
-        s.admit(t0, &p);
-        assert_eq!(s.decide(t0 + MS, &p), Decision::Full);
-        s.complete(t0 + MS, &p);
-        assert_eq!(s.decide(t0 + MS, &p), Decision::Admit);
+        s.admit(t0, &p, 1);
+        assert_eq!(s.decide(t0 + MS, &p, 1), Decision::Full);
+        s.complete(t0 + MS, &p, 1);
+        assert_eq!(s.decide(t0 + MS, &p, 1), Decision::Admit);
     }
 
     #[test]
@@ -456,15 +462,15 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(10, 0, 2, 1000);
         let mut s = HostState::new(t0);
-        s.admit(t0, &p);
-        s.admit(t0 + 10 * MS, &p);
+        s.admit(t0, &p, 1);
+        s.admit(t0 + 10 * MS, &p, 1);
         assert_eq!(
-            s.decide(t0 + 20 * MS, &p),
+            s.decide(t0 + 20 * MS, &p, 1),
             Decision::WaitUntil(t0 + 1000 * MS)
         );
-        s.admit(t0 + 1000 * MS, &p);
+        s.admit(t0 + 1000 * MS, &p, 1);
         assert_eq!(
-            s.decide(t0 + 1000 * MS, &p),
+            s.decide(t0 + 1000 * MS, &p, 1),
             Decision::WaitUntil(t0 + 1010 * MS)
         );
     }
@@ -477,7 +483,7 @@ mod tests {
         s.penalize(t0, 500 * MS);
         s.penalize(t0 + 10 * MS, 100 * MS);
         assert_eq!(
-            s.decide(t0 + 10 * MS, &p),
+            s.decide(t0 + 10 * MS, &p, 1),
             Decision::WaitUntil(t0 + 500 * MS)
         );
         assert_eq!(s.idle_at(&p), Some(t0 + 500 * MS));
@@ -488,9 +494,9 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(1, 100, 5, 1000);
         let mut s = HostState::new(t0);
-        s.admit(t0, &p);
+        s.admit(t0, &p, 1);
         assert_eq!(s.idle_at(&p), None);
-        s.complete(t0 + 10 * MS, &p);
+        s.complete(t0 + 10 * MS, &p, 1);
         assert_eq!(s.idle_at(&p), Some(t0 + 1000 * MS));
     }
 
@@ -499,66 +505,111 @@ mod tests {
         let t0 = Instant::now();
         let p = pacing(1, 100, 0, 0);
         let mut s = HostState::new(t0);
-        s.admit(t0, &p);
+        s.admit(t0, &p, 1);
         assert_eq!(s.earliest_for(t0, 0, &p), t0 + 100 * MS);
         assert_eq!(s.earliest_for(t0, 3, &p), t0 + 400 * MS);
     }
 
+    #[test]
+    fn a_weighted_admission_takes_its_weight_of_the_cap_and_the_quota() {
+        let t0 = Instant::now();
+        let p = pacing(3, 0, 4, 1000);
+        let mut s = HostState::new(t0);
+        s.admit(t0, &p, 2);
+        assert_eq!(s.in_flight(), 2);
+        assert_eq!(s.decide(t0, &p, 2), Decision::Full, "2 + 2 > 3");
+        assert_eq!(s.decide(t0, &p, 1), Decision::Admit);
+        s.admit(t0 + MS, &p, 1);
+        s.complete(t0 + 2 * MS, &p, 1);
+        assert_eq!(s.in_flight(), 2);
+        assert_eq!(s.decide(t0 + 2 * MS, &p, 1), Decision::Admit);
+        assert_eq!(s.decide(t0 + 2 * MS, &p, 2), Decision::Full);
+        s.complete(t0 + 3 * MS, &p, 2);
+        // Three of the four quota units are taken: one more fits, not two.
+        assert_eq!(s.decide(t0 + 3 * MS, &p, 1), Decision::Admit);
+        assert_eq!(
+            s.decide(t0 + 3 * MS, &p, 2),
+            Decision::WaitUntil(t0 + 1000 * MS),
+            "two units are free once the weight-2 records leave the window"
+        );
+    }
+
+    #[test]
+    fn a_late_weighted_send_moves_all_its_records() {
+        let t0 = Instant::now();
+        let p = pacing(4, 0, 3, 1000);
+        let mut s = HostState::new(t0);
+        let mut a = s.admit(t0, &p, 2);
+        assert_eq!(s.try_send(&mut a, t0 + 500 * MS, &p), Ok(()));
+        s.admit(t0 + 600 * MS, &p, 1);
+        // Both records of the weight-2 send count from 500 ms.
+        assert_eq!(
+            s.decide(t0 + 1200 * MS, &p, 1),
+            Decision::WaitUntil(t0 + 1500 * MS)
+        );
+        s.undo(&a);
+        assert_eq!(s.decide(t0 + 1200 * MS, &p, 2), Decision::Admit);
+    }
+
     proptest! {
-        /// Admitting whenever `decide` says so, at any sequence of instants
-        /// and completions, never breaks a rule: in flight <= max, sends
-        /// >= min_delay apart and after completions, <= quota per window.
+        /// Admitting whenever `decide` says so, at any sequence of instants,
+        /// weights and completions, never breaks a rule: in flight (by
+        /// weight) <= max, sends >= min_delay apart and after completions,
+        /// <= quota (by weight) per window.
         #[test]
         fn admitting_on_decide_keeps_every_rule(
-            max in 1u32..4,
+            max in 1u32..5,
             delay_ms in 0u64..50,
-            quota in 0u32..5,
+            quota in 0u32..6,
             window_ms in 1u64..200,
-            steps in proptest::collection::vec((0u64..40, any::<bool>()), 1..200),
+            steps in proptest::collection::vec((0u64..40, any::<bool>(), 1u32..5), 1..200),
         ) {
             let window_ms = if quota == 0 { 0 } else { window_ms };
             let p = pacing(max, delay_ms, quota, window_ms);
+            let heaviest = if quota == 0 { max } else { max.min(quota) };
             let t0 = Instant::now();
             let mut s = HostState::new(t0);
             let mut now = t0;
-            let mut sends: Vec<Instant> = Vec::new();
+            let mut sends: Vec<(Instant, u32)> = Vec::new();
             let mut last_completion: Option<Instant> = None;
-            let mut in_flight = 0u32;
-            for (advance, complete) in steps {
+            let mut flying: VecDeque<u32> = VecDeque::new();
+            for (advance, complete, weight) in steps {
                 now += MS * advance as u32;
-                if complete && in_flight > 0 {
-                    s.complete(now, &p);
-                    in_flight -= 1;
+                let weight = weight.min(heaviest);
+                let in_flight: u32 = flying.iter().sum();
+                if complete && let Some(done) = flying.pop_front() {
+                    s.complete(now, &p, done);
                     last_completion = Some(now);
                     continue;
                 }
-                match s.decide(now, &p) {
+                match s.decide(now, &p, weight) {
                     Decision::Admit => {
-                        prop_assert!(in_flight < max);
-                        if let Some(&prev) = sends.last() {
+                        prop_assert!(in_flight + weight <= max);
+                        if let Some(&(prev, _)) = sends.last() {
                             prop_assert!(now >= prev + p.min_delay());
                         }
                         if let Some(done) = last_completion {
                             prop_assert!(now >= done + p.min_delay());
                         }
                         if quota > 0 {
-                            let in_window = sends
+                            let in_window: u32 = sends
                                 .iter()
-                                .filter(|&&t| t + p.window() > now)
-                                .count();
-                            prop_assert!(in_window < quota as usize);
+                                .filter(|&&(t, _)| t + p.window() > now)
+                                .map(|&(_, w)| w)
+                                .sum();
+                            prop_assert!(in_window + weight <= quota);
                         }
-                        s.admit(now, &p);
-                        sends.push(now);
-                        in_flight += 1;
+                        s.admit(now, &p, weight);
+                        sends.push((now, weight));
+                        flying.push_back(weight);
                     }
                     Decision::WaitUntil(at) => {
                         prop_assert!(at > now);
-                        prop_assert!(in_flight < max);
+                        prop_assert!(in_flight + weight <= max);
                     }
-                    Decision::Full => prop_assert_eq!(in_flight, max),
+                    Decision::Full => prop_assert!(in_flight + weight > max),
                 }
-                prop_assert_eq!(s.in_flight(), in_flight);
+                prop_assert_eq!(s.in_flight(), flying.iter().sum::<u32>());
             }
         }
 
@@ -577,16 +628,16 @@ mod tests {
             let t0 = Instant::now();
             let mut s = HostState::new(t0);
             for i in 0..sends {
-                s.admit(t0 + MS * i as u32, &p);
+                s.admit(t0 + MS * i as u32, &p, 1);
             }
             for i in 0..sends {
-                s.complete(t0 + MS * (i as u32 + 10), &p);
+                s.complete(t0 + MS * (i as u32 + 10), &p, 1);
             }
             s.penalize(t0, MS * hold_ms as u32);
             let idle = s.idle_at(&p).unwrap();
-            prop_assert_eq!(s.decide(idle, &p), Decision::Admit);
+            prop_assert_eq!(s.decide(idle, &p, 1), Decision::Admit);
             let fresh = HostState::new(idle);
-            prop_assert_eq!(s.next_send(&p).max(idle), fresh.next_send(&p));
+            prop_assert_eq!(s.next_send(&p, 1).max(idle), fresh.next_send(&p, 1));
         }
     }
 }

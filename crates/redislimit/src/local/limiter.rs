@@ -115,7 +115,17 @@ struct Waiter {
     id: u64,
     /// Higher goes first; equal ones in arrival order.
     priority: u8,
+    /// Its weight, and the in-flight cap of its rule.
+    weight: u32,
+    cap: u32,
     wake: Arc<Notify>,
+}
+
+impl Waiter {
+    /// Whether it fits beside `in_flight` (by weight).
+    fn fits(&self, in_flight: u32) -> bool {
+        self.cap.saturating_sub(in_flight) >= self.weight
+    }
 }
 
 /// Where a waiter of `priority` joins `queue`: behind every waiter of its
@@ -127,11 +137,54 @@ fn place_for(queue: &VecDeque<Waiter>, priority: u8) -> usize {
         .unwrap_or(queue.len())
 }
 
-/// Queues waiter `id` behind every waiter of its `priority` or higher.
-fn enqueue(queue: &mut VecDeque<Waiter>, id: u64, priority: u8, wake: &Arc<Notify>) {
-    let at = place_for(queue, priority);
-    let wake = Arc::clone(wake);
-    queue.insert(at, Waiter { id, priority, wake });
+/// How many of the first `place` waiters of `queue` a waiter of `weight`
+/// cannot overtake (see [`Entry::may_decide`]): those no heavier.
+fn ahead_of(queue: &VecDeque<Waiter>, place: usize, weight: u32) -> usize {
+    queue
+        .iter()
+        .take(place)
+        .filter(|w| w.weight <= weight)
+        .count()
+}
+
+/// Queues `waiter` behind every waiter of its priority or higher.
+fn enqueue(queue: &mut VecDeque<Waiter>, waiter: Waiter) {
+    let at = place_for(queue, waiter.priority);
+    queue.insert(at, waiter);
+}
+
+impl Entry {
+    /// Whether the waiter at `place` decides now: the head always; one
+    /// behind it (best fit) when every waiter ahead is heavier and does
+    /// not fit beside the requests in flight. They keep their places, and
+    /// the first of them to fit goes next.
+    fn may_decide(&self, place: usize) -> bool {
+        let Some(waiter) = self.queue.get(place) else {
+            return false;
+        };
+        let in_flight = self.state.in_flight();
+        self.queue
+            .iter()
+            .take(place)
+            .all(|ahead| ahead.weight > waiter.weight && !ahead.fits(in_flight))
+    }
+
+    /// Wakes the waiters that may decide after a change: the head and,
+    /// while each fits no more, the next one lighter than all before it.
+    fn wake_turns(&self) {
+        let in_flight = self.state.in_flight();
+        let mut lightest = u32::MAX;
+        for waiter in &self.queue {
+            if waiter.weight >= lightest {
+                continue;
+            }
+            waiter.wake.notify_one();
+            lightest = waiter.weight;
+            if lightest <= 1 || waiter.fits(in_flight) {
+                return;
+            }
+        }
+    }
 }
 
 /// Hosts one sweep pass removes under one lock before letting others in.
@@ -231,7 +284,7 @@ impl DomainLimiter {
                     host,
                     entry.queue.len(),
                     entry.state.in_flight() as usize,
-                    entry.state.next_send(pacing),
+                    entry.state.next_send(pacing, 1),
                     entry.state.held_until(),
                 );
             }
@@ -299,13 +352,7 @@ impl Limiter for DomainLimiter {
         deadline: Option<Instant>,
         request: RequestPacing,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
-        Box::pin(acquire(
-            &self.inner,
-            engine,
-            host,
-            deadline,
-            request.priority(),
-        ))
+        Box::pin(acquire(&self.inner, engine, host, deadline, request))
     }
 
     fn penalize_host<'a>(
@@ -359,13 +406,15 @@ async fn acquire(
     engine: &str,
     host: HostKey,
     deadline: Option<Instant>,
-    priority: u8,
+    request: RequestPacing,
 ) -> Result<Permit, Error> {
-    inner.sweep.ensure_running(Arc::downgrade(inner));
     let policy = inner.policies.index(&host);
     let pacing = inner.policies.at(policy);
     // From here on the state's key (the host itself unless keyed otherwise).
     let host = inner.policies.key(&host);
+    let weight = request.check_weight(&host, pacing.max_concurrent(), pacing.quota())?;
+    let priority = request.priority();
+    inner.sweep.ensure_running(Arc::downgrade(inner));
     let start = Instant::now();
     let report = WaitReport::new(&*inner.hooks, engine, &host, start);
     let shard = inner.shard(&host);
@@ -381,10 +430,10 @@ async fn acquire(
             return Err(Error::Closed);
         }
         let entry = guard.entry(&host, start, policy);
-        if entry.queue.is_empty() && entry.state.decide(start, pacing) == Decision::Admit {
-            let admission = entry.state.admit(start, pacing);
+        if entry.queue.is_empty() && entry.state.decide(start, pacing, weight) == Decision::Admit {
+            let admission = entry.state.admit(start, pacing, weight);
             entry.policy = inner.policies.longer_lived(entry.policy, policy);
-            guard.in_flight += 1;
+            guard.in_flight += weight as usize;
             if inner.track_in_flight {
                 guard.mark(&host, true);
             }
@@ -401,8 +450,10 @@ async fn acquire(
             return Err(report.queue_full(queued, max));
         }
         if let Some(deadline) = deadline {
-            // Only those it would queue behind are ahead of it.
-            let ahead = place_for(&entry.queue, priority);
+            // Only those it would queue behind, and cannot overtake, are
+            // ahead of it.
+            let place = place_for(&entry.queue, priority);
+            let ahead = ahead_of(&entry.queue, place, weight);
             let earliest = entry.state.earliest_for(start, ahead, pacing);
             if earliest > deadline {
                 drop(guard);
@@ -411,7 +462,15 @@ async fn acquire(
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
-        enqueue(&mut entry.queue, id, priority, &wake);
+        let cap = pacing.max_concurrent();
+        let waiter = Waiter {
+            id,
+            priority,
+            weight,
+            cap,
+            wake: Arc::clone(&wake),
+        };
+        enqueue(&mut entry.queue, waiter);
         guard.queued += 1;
         guard.mark(&host, inner.track_in_flight);
         (id, wake)
@@ -433,24 +492,32 @@ async fn acquire(
             let mut guard = lock(shard);
             let entry = guard.entry(&host, now, policy);
             let step = match entry.queue.iter().position(|w| w.id == id) {
-                Some(0) => match entry.state.decide(now, pacing) {
+                Some(at) if entry.may_decide(at) => match entry.state.decide(now, pacing, weight) {
                     Decision::Admit => {
-                        entry.queue.pop_front();
-                        let admission = entry.state.admit(now, pacing);
+                        entry.queue.remove(at);
+                        let admission = entry.state.admit(now, pacing, weight);
                         entry.policy = inner.policies.longer_lived(entry.policy, policy);
-                        if let Some(next) = entry.queue.front() {
-                            next.wake.notify_one();
-                        }
+                        entry.wake_turns();
                         Step::Admitted(admission)
                     }
                     Decision::WaitUntil(at) => Step::Sleep(at),
                     Decision::Full => Step::Park(entry.state.earliest_for(now, 0, pacing)),
                 },
-                Some(ahead) => Step::Park(entry.state.earliest_for(now, ahead, pacing)),
+                Some(at) => {
+                    let ahead = ahead_of(&entry.queue, at, weight);
+                    Step::Park(entry.state.earliest_for(now, ahead, pacing))
+                }
                 // Unreachable while `place` is queued (a host with waiters
                 // is never evicted); rejoining keeps the waiter correct.
                 None => {
-                    enqueue(&mut entry.queue, id, priority, &wake);
+                    let waiter = Waiter {
+                        id,
+                        priority,
+                        weight,
+                        cap: pacing.max_concurrent(),
+                        wake: Arc::clone(&wake),
+                    };
+                    enqueue(&mut entry.queue, waiter);
                     guard.queued += 1;
                     guard.mark(&host, inner.track_in_flight);
                     Step::Park(now)
@@ -458,7 +525,7 @@ async fn acquire(
             };
             if matches!(step, Step::Admitted(_)) {
                 guard.queued -= 1;
-                guard.in_flight += 1;
+                guard.in_flight += weight as usize;
                 guard.mark(&host, inner.track_in_flight);
             }
             step
@@ -538,9 +605,7 @@ impl Inner {
         if let Some(entry) = guard.hosts.get_mut(host) {
             let before = entry.state.in_flight();
             entry.state.undo(admission);
-            if let Some(head) = entry.queue.front() {
-                head.wake.notify_one();
-            }
+            entry.wake_turns();
             let ended = (before - entry.state.in_flight()) as usize;
             guard.ended(host, ended, self.track_in_flight);
         }
@@ -552,15 +617,13 @@ impl Inner {
         &self.shards[hash & (self.shards.len() - 1)]
     }
 
-    fn release(&self, host: &HostKey, policy: usize) {
+    fn release(&self, host: &HostKey, policy: usize, weight: u32) {
         let now = Instant::now();
         let mut guard = lock(self.shard(host));
         if let Some(entry) = guard.hosts.get_mut(host) {
             let before = entry.state.in_flight();
-            entry.state.complete(now, self.policies.at(policy));
-            if let Some(head) = entry.queue.front() {
-                head.wake.notify_one();
-            }
+            entry.state.complete(now, self.policies.at(policy), weight);
+            entry.wake_turns();
             let ended = (before - entry.state.in_flight()) as usize;
             guard.ended(host, ended, self.track_in_flight);
         }
@@ -579,9 +642,7 @@ impl Inner {
         let mut guard = lock(self.shard(&host));
         let entry = guard.entry(&host, now, policy);
         entry.state.penalize(now, hold);
-        if let Some(head) = entry.queue.front() {
-            head.wake.notify_one();
-        }
+        entry.wake_turns();
         guard.settle(&host, &self.policies, &self.sweep);
         tracing::debug!(host = %host, hold_ms = hold.as_millis() as u64, "host penalized");
     }
@@ -707,7 +768,8 @@ struct LocalAdmission {
 
 impl Admitted for LocalAdmission {
     fn release(self: Box<Self>) {
-        self.inner.release(&self.host, self.policy);
+        self.inner
+            .release(&self.host, self.policy, self.admission.weight());
     }
 
     fn abandon(self: Box<Self>) {
@@ -738,11 +800,11 @@ impl Drop for Place<'_> {
         if let Some(entry) = guard.hosts.get_mut(self.host)
             && let Some(pos) = entry.queue.iter().position(|w| w.id == self.id)
         {
-            entry.queue.remove(pos);
-            if pos == 0
-                && let Some(next) = entry.queue.front()
-            {
-                next.wake.notify_one();
+            let left = entry.queue.remove(pos);
+            // Those behind it may decide now: the next head, or one lighter
+            // than it that it kept waiting.
+            if pos == 0 || left.is_some_and(|w| w.weight > 1) {
+                entry.wake_turns();
             }
             guard.queued -= 1;
             guard.mark(self.host, self.inner.track_in_flight);
