@@ -8,6 +8,7 @@ mod reqwest_client;
 mod reqwest_redirects;
 mod tower_client;
 mod tower_redirects;
+mod weights;
 
 use std::future::Future;
 use std::time::Duration;

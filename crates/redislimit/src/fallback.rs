@@ -123,6 +123,8 @@ struct Adoptee {
     host: HostKey,
     /// ... and its key, which requests of other hosts may share.
     key: HostKey,
+    /// Its weight.
+    weight: u32,
     sent: Instant,
     state: Mutex<Adopted>,
 }
@@ -177,7 +179,7 @@ impl Adoptions {
             // Put back to pending if this offer is dropped before it ends.
             let offering = Offering(&adoptee);
             let answer = primary
-                .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed())
+                .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed(), adoptee.weight)
                 .await;
             std::mem::forget(offering);
             let mut state = adoptee.lock();
@@ -455,6 +457,14 @@ impl<P: Limiter> FallbackLimiter<P> {
         if from > now {
             limiter.penalize_host(host.clone(), from - now).await?;
         }
+        // A request heavier than this replica's share of the cap or quota
+        // takes the whole share.
+        let shared = limiter.policies().pacing_for(host);
+        let mut most = shared.max_concurrent();
+        if shared.quota() > 0 {
+            most = most.min(shared.quota());
+        }
+        let request = request.with_weight(request.weight().min(most));
         let permit = limiter
             .acquire_with(engine, host.clone(), deadline, request)
             .await?;
@@ -549,6 +559,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
     fn outage_permit(
         &self,
         host: HostKey,
+        weight: u32,
         waited: Duration,
         local: Option<Permit>,
         share: Option<Permit>,
@@ -556,6 +567,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
         let adoptee = Arc::new(Adoptee {
             key: self.fallback.policies().key(&host),
             host: host.clone(),
+            weight,
             sent: Instant::now(),
             state: Mutex::new(Adopted::Pending),
         });
@@ -707,10 +719,19 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 }
             }
             // Until the primary has decided, this admission is
-            // provisional: a refusal or a dropped future takes it back.
+            // provisional: a refusal or a dropped future takes it back. It
+            // is made at weight 1, so that a heavy request the primary
+            // refuses for want of room does not hold back lighter ones
+            // here (the primary alone knows the shared room); its whole
+            // weight is recorded once the primary admits it. A weight the
+            // fallback could never admit is refused here all the same.
+            let limits = self.fallback.policies().pacing_for(&host);
+            request
+                .check_weight(&key, limits.max_concurrent(), limits.quota())
+                .map_err(|e| report.fail(e))?;
             let local = Provisional(Some(
                 self.fallback
-                    .acquire_with(engine, host.clone(), deadline, request)
+                    .acquire_with(engine, host.clone(), deadline, request.with_weight(1))
                     .await
                     .map_err(|e| report.fail(e))?,
             ));
@@ -767,6 +788,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                     let mut local = local.take();
                     if let Some(local) = &mut local {
                         leave(local).await;
+                        local.reweigh(request.weight());
                     }
                     let waited = report.finish(WaitOutcome::Acquired);
                     return Ok(joint(key, waited, [share, Some(shared), local]));
@@ -803,10 +825,11 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 let mut local = local.take();
                 if let Some(local) = &mut local {
                     leave(local).await;
+                    local.reweigh(request.weight());
                 }
                 let share = turn.take();
                 let waited = report.finish(WaitOutcome::Acquired);
-                return Ok(self.outage_permit(host, waited, local, share));
+                return Ok(self.outage_permit(host, request.weight(), waited, local, share));
             }
             // The provisional admission was made before the wait on the
             // primary; sending on it now could follow this process's
@@ -855,7 +878,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 leave(local).await;
             }
             let waited = report.finish(WaitOutcome::Acquired);
-            return Ok(self.outage_permit(host, waited, local, share));
+            return Ok(self.outage_permit(host, request.weight(), waited, local, share));
         }
     }
 }

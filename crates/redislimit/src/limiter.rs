@@ -77,10 +77,11 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         hold: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
-    /// Counts a request to `host` that is already in flight, sent `ago`
-    /// without this limiter's admission (a fallback admitted it while this
-    /// limiter was unavailable), against this limiter's shared limits, so
-    /// that nothing else is admitted beside it beyond them. The permit
+    /// Counts a request to `host` of `weight` that is already in flight,
+    /// sent `ago` without this limiter's admission (a fallback admitted it
+    /// while this limiter was unavailable), against this limiter's shared
+    /// limits, so that nothing else is admitted beside it beyond them. The
+    /// permit
     /// returned holds its slot until released, as an admitted one would;
     /// `None` when this limiter keeps no state the request could count in
     /// (the default: in-process limiters saw nothing to reconcile).
@@ -88,8 +89,9 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         &'a self,
         host: HostKey,
         ago: Duration,
+        weight: u32,
     ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
-        let _ = (host, ago);
+        let _ = (host, ago, weight);
         Box::pin(std::future::ready(Ok(None)))
     }
 
@@ -335,8 +337,9 @@ macro_rules! forward_limiter {
                 &'a self,
                 host: HostKey,
                 ago: Duration,
+                weight: u32,
             ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
-                (**self).adopt_host(host, ago)
+                (**self).adopt_host(host, ago, weight)
             }
 
             fn back_off_host<'a>(
@@ -374,6 +377,8 @@ pub(crate) trait Admitted: Send + Sync {
     fn abandon(self: Box<Self>);
     /// The request leaves at `at`; see [`Permit::try_send`].
     fn try_send(&mut self, at: Instant) -> Result<(), Instant>;
+    /// The request weighs `weight`; see [`Permit::reweigh`].
+    fn reweigh(&mut self, weight: u32);
 }
 
 /// How a permit is released.
@@ -457,6 +462,17 @@ impl Permit {
             *sent = true;
         }
         Ok(())
+    }
+
+    /// Counts the request as weighing `weight` (when more than it was
+    /// admitted with) in the limiter that admitted it: a process that
+    /// queues a heavy request at weight 1, so that lighter ones are not
+    /// held back while a shared limiter decides, records its whole weight
+    /// once the shared limiter has admitted it.
+    pub(crate) fn reweigh(&mut self, weight: u32) {
+        if let Some(Release::Admitted { admitted, .. }) = &mut self.release {
+            admitted.reweigh(weight);
+        }
     }
 
     /// The host this permit admits a request to.

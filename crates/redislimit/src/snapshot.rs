@@ -28,7 +28,8 @@ pub struct HostSnapshot {
     pub host: HostKey,
     /// Acquires waiting for it in this process.
     pub queued: usize,
-    /// Requests admitted in this process and not yet released.
+    /// Requests admitted in this process and not yet released, by
+    /// [weight](crate::RequestPacing::with_weight): the slots they take.
     pub in_flight: usize,
     /// The earliest the next send may happen, concurrency aside, when this
     /// process knows it (`None` when the state lives in Redis).
@@ -53,7 +54,7 @@ pub struct Snapshot {
     pub active_hosts: usize,
     /// Acquires waiting, over every host.
     pub queued: usize,
-    /// Requests in flight, over every host.
+    /// Requests in flight (by weight), over every host.
     pub in_flight: usize,
 }
 

@@ -243,6 +243,25 @@ impl HostState {
         Ok(())
     }
 
+    /// Counts `admission` as weighing `weight` from now on, when that is
+    /// more than it was admitted with: the extra slots are in flight (even
+    /// beyond the cap: a shared limiter admitted them) and the extra quota
+    /// records stand where its own are.
+    pub(crate) fn reweigh(&mut self, admission: &mut Admission, weight: u32, pacing: &Pacing) {
+        let Some(extra) = weight.checked_sub(admission.weight).filter(|&e| e > 0) else {
+            return;
+        };
+        admission.weight = weight;
+        self.in_flight = self.in_flight.saturating_add(extra);
+        if pacing.quota() > 0 {
+            let at = admission.sent.as_ref().map_or(admission.at, |(at, ..)| *at);
+            let pos = self.admissions.partition_point(|&t| t <= at);
+            for _ in 0..extra {
+                self.admissions.insert(pos, at);
+            }
+        }
+    }
+
     /// Drops up to `weight` quota records made at `at`.
     fn forget(&mut self, at: Instant, weight: u32) {
         for _ in 0..weight {

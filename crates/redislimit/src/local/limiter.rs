@@ -599,6 +599,19 @@ impl Inner {
         }
     }
 
+    /// Counts an admission as weighing `weight`; see [`HostState::reweigh`].
+    fn reweigh(&self, host: &HostKey, admission: &mut Admission, weight: u32, policy: usize) {
+        let mut guard = lock(self.shard(host));
+        if let Some(entry) = guard.hosts.get_mut(host) {
+            let before = entry.state.in_flight();
+            entry
+                .state
+                .reweigh(admission, weight, self.policies.at(policy));
+            let added = entry.state.in_flight() - before;
+            guard.in_flight += added as usize;
+        }
+    }
+
     /// Takes back an admission whose request was never sent.
     fn undo(&self, host: &HostKey, admission: &Admission) {
         let mut guard = lock(self.shard(host));
@@ -779,6 +792,11 @@ impl Admitted for LocalAdmission {
     fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
         self.inner
             .try_send(&self.host, &mut self.admission, at, self.policy)
+    }
+
+    fn reweigh(&mut self, weight: u32) {
+        self.inner
+            .reweigh(&self.host, &mut self.admission, weight, self.policy);
     }
 }
 

@@ -164,8 +164,11 @@ pub(super) struct Shared {
     pub(super) hooks: Arc<dyn Hooks>,
     /// The per-process cap and FIFO order; records no hooks of its own.
     pub(super) local: DomainLimiter,
-    /// One Redis caller per host at a time in this process, in FIFO order.
+    /// One Redis caller per host at a time in this process, in FIFO order
+    /// (by priority): requests of weight 1, and (`heavy_pollers`) heavier
+    /// ones.
     pub(super) pollers: DomainLimiter,
+    pub(super) heavy_pollers: DomainLimiter,
     /// Releases spawned and not yet answered, and a wake-up when one is.
     pub(super) releases: AtomicUsize,
     pub(super) released: Notify,
@@ -200,6 +203,9 @@ pub(super) struct Args {
     pub(super) window_us: u64,
     /// The longest wait this policy can ask for.
     pub(super) max_wait_us: u64,
+    /// The weight of the request (1 in the policy's own arguments): how
+    /// many members it is in the leases and admits sets.
+    pub(super) weight: u32,
 }
 
 /// Builds a [`RedisLimiter`]; see its documentation for the controls.
@@ -359,6 +365,7 @@ impl RedisLimiterBuilder {
                         .max(lease_ttl_us.saturating_add(min_delay_us))
                         .max(window_us)
                         .min(crate::MAX_MICROS),
+                    weight: 1,
                 }
             })
             .collect();
@@ -385,7 +392,8 @@ impl RedisLimiterBuilder {
             report_waits: true,
             shared: Arc::new(Shared {
                 local: DomainLimiter::new(local),
-                pollers: DomainLimiter::tracking_in_flight(pollers),
+                pollers: DomainLimiter::tracking_in_flight(pollers.clone()),
+                heavy_pollers: DomainLimiter::tracking_in_flight(pollers),
                 releases: AtomicUsize::new(0),
                 released: Notify::new(),
                 acquiring: AtomicUsize::new(0),
@@ -576,6 +584,12 @@ impl Limiter for RedisLimiter {
     }
 
     /// The priority orders this process's waiters, in its in-process queues.
+    /// The weight counts in Redis (`weight` members of the leases and
+    /// admits sets); above the cross-replica cap (1 in serialized mode) or
+    /// the quota it fails with [`Error::InvalidWeight`]. In this process a
+    /// request waits at weight 1 until Redis admits it, and requests
+    /// heavier than 1 ask Redis in a line of their own: one Redis refuses
+    /// for want of room never holds up lighter ones behind it.
     fn acquire_with<'a>(
         &'a self,
         engine: &'a str,
@@ -634,8 +648,9 @@ impl Limiter for RedisLimiter {
         &'a self,
         host: HostKey,
         ago: Duration,
+        weight: u32,
     ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
-        Box::pin(self.shared.adopt(host, ago))
+        Box::pin(self.shared.adopt(host, ago, weight))
     }
 
     fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
@@ -722,10 +737,16 @@ impl Shared {
     ) -> Result<Permit, Error> {
         let start = Instant::now();
         let policy = self.policies.index(&host);
-        let args = self.args[policy];
         // The state's key; `host` still picks the in-process queues' rules.
         let key = self.policies.key(&host);
+        // One holder at a time in serialized mode; the cluster cap (which
+        // the per-process cap is at least) in lease mode.
+        let mut args = self.args[policy];
+        let cap = args.cap.max(1);
         let mut report = WaitReport::new(hooks, engine, &key, start);
+        args.weight = request
+            .check_weight(&key, cap, args.quota)
+            .map_err(|e| report.fail(e))?;
         self.ensure_heartbeat();
         if self.circuit.waiting() {
             report.abandon();
@@ -746,17 +767,26 @@ impl Shared {
             report.abandon();
             return Err(err);
         }
-        let local = self
+        // Queued here at weight 1: this process's own slots must not hold
+        // back a lighter request while Redis refuses a heavy one (which
+        // Redis alone can tell); its weight counts here once admitted.
+        let mut local = self
             .local
-            .acquire_with(engine, host.clone(), deadline, request)
+            .acquire_with(engine, host.clone(), deadline, request.with_weight(1))
             .await
             .map_err(|e| report.fail(e))?;
         // One waiter per host and process asks Redis at a time; the rest
         // queue here, in order. Fewer callers race at each opening, and a
-        // crowd of waiters costs Redis one caller per process.
-        let polling = self
-            .pollers
-            .acquire_with(engine, host.clone(), deadline, request)
+        // crowd of waiters costs Redis one caller per process. Requests
+        // heavier than 1 have their own line, so that one Redis refuses
+        // for want of room never holds up lighter ones (best fit).
+        let pollers = if args.weight > 1 {
+            &self.heavy_pollers
+        } else {
+            &self.pollers
+        };
+        let polling = pollers
+            .acquire_with(engine, host.clone(), deadline, request.with_weight(1))
             .await
             .map_err(|e| report.fail(e))?;
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &key));
@@ -791,6 +821,7 @@ impl Shared {
             let (wait, full) = match answer {
                 Ok(Answer::Admitted) => {
                     drop(polling);
+                    local.reweigh(args.weight);
                     let waited = report.finish(WaitOutcome::Acquired);
                     return Ok(self.permit(key, waited, (keys, token, args), local, runtime));
                 }
@@ -848,7 +879,7 @@ impl Shared {
         self.closed.store(true, Ordering::SeqCst);
         self.closing.notify_waiters();
         // Wakes the acquires queued in this process with `Closed` too.
-        for queue in [&self.local, &self.pollers] {
+        for queue in [&self.local, &self.pollers, &self.heavy_pollers] {
             queue.close(None).await?;
         }
         loop {
@@ -890,7 +921,8 @@ impl Shared {
                     .arg(self.lease_ttl_us)
                     .arg(args.quota)
                     .arg(args.window_us)
-                    .arg(args.max_wait_us);
+                    .arg(args.max_wait_us)
+                    .arg(args.weight);
             })
             .await;
         self.circuit.observe(&reply);
@@ -967,7 +999,8 @@ impl Shared {
                         .arg(args.min_delay_us)
                         .arg(args.cap)
                         .arg(u8::from(abandoned))
-                        .arg(self.lease_ttl_us);
+                        .arg(self.lease_ttl_us)
+                        .arg(args.weight);
                 })
                 .await;
             self.circuit.observe(&released);
@@ -994,13 +1027,20 @@ impl Shared {
         self: &Arc<Self>,
         host: HostKey,
         ago: Duration,
+        weight: u32,
     ) -> Result<Option<Permit>, Error> {
         // Skips a Redis that failed moments ago, like an acquire; when the
         // probe is due, this may be it.
         if self.circuit.open() {
             return Err(circuit_open(Op::Acquire));
         }
-        let args = self.args[self.policies.index(&host)];
+        let mut args = self.args[self.policies.index(&host)];
+        // Admitted in-process under the same caps (see fallback_policies);
+        // kept within them all the same.
+        args.weight = weight.clamp(1, args.cap.max(1));
+        if args.quota > 0 {
+            args.weight = args.weight.min(args.quota);
+        }
         let host = self.policies.key(&host);
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
         let token = new_token();
@@ -1019,7 +1059,8 @@ impl Shared {
                     .arg(args.min_delay_us)
                     .arg(ago_us)
                     .arg(args.quota)
-                    .arg(args.window_us);
+                    .arg(args.window_us)
+                    .arg(args.weight);
             })
             .await;
         self.circuit.observe(&adopted);
@@ -1083,9 +1124,14 @@ impl Shared {
         // or queued to poll): waiting, not in flight.
         let mut asking: std::collections::HashMap<HostKey, usize> =
             std::collections::HashMap::new();
-        let (_, poll_queued, polling) = self.pollers.visit_busy(|host, queued, polling, _, _| {
-            asking.insert(host.clone(), queued + polling);
-        });
+        let (mut poll_queued, mut polling) = (0, 0);
+        for pollers in [&self.pollers, &self.heavy_pollers] {
+            let (_, queued, asking_now) = pollers.visit_busy(|host, queued, polling, _, _| {
+                *asking.entry(host.clone()).or_default() += queued + polling;
+            });
+            poll_queued += queued;
+            polling += asking_now;
+        }
         let mut tops = TopHosts::new(top);
         let mut offer = |host: &HostKey, queued: usize, admitted: usize, asking: usize| {
             let (queued, in_flight) = (queued + asking, admitted.saturating_sub(asking));

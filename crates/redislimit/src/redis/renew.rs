@@ -103,7 +103,8 @@ impl Shared {
                 cmd.arg(token)
                     .arg(args.cap)
                     .arg(self.lease_ttl_us)
-                    .arg(args.min_delay_us);
+                    .arg(args.min_delay_us)
+                    .arg(args.weight);
             })
             .await;
         self.circuit.observe(&renewed);

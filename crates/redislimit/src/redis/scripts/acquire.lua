@@ -3,12 +3,16 @@
 -- KEYS[1] gate    HASH  next (no send before, µs), holder + busy (serialized
 --                       mode: the token sending now and its lease deadline),
 --                       backoff (the adaptive backoff gap, µs; backoff.lua)
--- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only
--- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only
+-- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only; a
+--                       request of weight w is w members (see members)
+-- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only; w
+--                       members for a request of weight w
 -- KEYS[4] void    ZSET  token -> expiry (µs): acquires abandoned before
 --                       they ran, which must book nothing when they do run
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
 -- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
+-- ARGV[8] weight: slots of the cap and units of the quota it takes (1 in
+--         serialized mode)
 --
 -- Returns {1, now} when admitted, or {0, wait, full}: no send for `wait` µs,
 -- and full = 1 when the host's in-flight cap is taken (retry soon after),
@@ -20,6 +24,7 @@ local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = ARGV[1]
 local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local weight = tonumber(ARGV[8])
 local now = clock()
 
 -- Everything this script decides on is read (and checked) before anything
@@ -65,16 +70,19 @@ if cap == 0 then
     end
   end
 else
-  if redis.call('ZCARD', leases) >= cap then
+  if redis.call('ZCARD', leases) + weight > cap then
     full = 1
   end
 end
 
 local wait = nxt - now
 if quota > 0 then
+  -- Room for `weight` more once at most quota - weight are left: once the
+  -- newest record beyond those has left the window.
   local n = redis.call('ZCARD', admits)
-  if n >= quota then
-    local oldest = redis.call('ZRANGE', admits, n - quota, n - quota, 'WITHSCORES')
+  if n + weight > quota then
+    local i = n - quota + weight - 1
+    local oldest = redis.call('ZRANGE', admits, i, i, 'WITHSCORES')
     wait = math.max(wait, tonumber(oldest[2]) + window - now)
   end
 end
@@ -86,9 +94,9 @@ if full == 1 or wait > 0 then
 end
 
 nxt = math.max(nxt, now + min_delay)
-book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
+book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay, weight)
 if quota > 0 then
-  redis.call('ZADD', admits, int(now), token)
+  zadd_all(admits, int(now), token, weight)
   extend(admits, window)
 end
 return {1, now}

@@ -4,7 +4,7 @@
 -- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   (layout in acquire.lua)
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
 -- ARGV[4] min_delay   ARGV[5] how long ago it was sent (µs)
--- ARGV[6] quota (0 = off)   ARGV[7] window
+-- ARGV[6] quota (0 = off)   ARGV[7] window   ARGV[8] weight
 --
 -- Returns 1 when the request now holds a slot (renewed and released like
 -- any other), 0 when another holder has the host (serialized mode): the
@@ -12,7 +12,7 @@
 local gate, leases, admits = KEYS[1], KEYS[2], KEYS[3]
 local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local min_delay, ago = tonumber(ARGV[4]), tonumber(ARGV[5])
-local quota, window = tonumber(ARGV[6]), tonumber(ARGV[7])
+local quota, window, weight = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = clock()
 local sent = now - ago
 
@@ -27,9 +27,9 @@ nxt = math.max(nxt, sent + min_delay)
 if cap == 0 and holder and holder ~= token and busy > now then
   return 0
 end
-book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
+book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay, weight)
 if quota > 0 and sent + window > now then
-  redis.call('ZADD', admits, int(sent), token)
+  zadd_all(admits, int(sent), token, weight)
   extend(admits, sent + window - now)
 end
 return 1

@@ -36,10 +36,63 @@ local function extend(key, us)
   end
 end
 
+-- The members a request of `weight` is kept as in a ZSET: its token, then
+-- token#2 .. token#weight (a token is hex, so these are never tokens).
+local function members(token, weight)
+  local out = {token}
+  for i = 2, weight do
+    out[i] = token .. '#' .. i
+  end
+  return out
+end
+
+-- Calls `cmd` on `key` with `pre` arguments and then `args`, in batches
+-- (Lua's unpack has a limit); returns the sum of the integer replies.
+local function batched(cmd, key, pre, args, step)
+  local total = 0
+  for i = 1, #args, step do
+    local call = {cmd, key}
+    for _, a in ipairs(pre) do
+      call[#call + 1] = a
+    end
+    for j = i, math.min(i + step - 1, #args) do
+      call[#call + 1] = args[j]
+    end
+    total = total + redis.call(unpack(call))
+  end
+  return total
+end
+
+-- Adds the members of `token` (of `weight`) to ZSET `key` at `score`;
+-- `flag` ('XX') only updates those present.
+local function zadd_all(key, score, token, weight, flag)
+  if weight == 1 then
+    if flag then
+      return redis.call('ZADD', key, flag, score, token)
+    end
+    return redis.call('ZADD', key, score, token)
+  end
+  local args = {}
+  for _, m in ipairs(members(token, weight)) do
+    args[#args + 1] = score
+    args[#args + 1] = m
+  end
+  return batched('ZADD', key, flag and {flag} or {}, args, 512)
+end
+
+-- Removes the members of `token` (of `weight`) from ZSET `key`; returns
+-- how many were there.
+local function zrem_all(key, token, weight)
+  if weight == 1 then
+    return redis.call('ZREM', key, token)
+  end
+  return batched('ZREM', key, {}, members(token, weight), 256)
+end
+
 -- Books `token` a slot on a host, until `now + lease_ttl`: in serialized
--- mode (cap 0) as the holder of the gate, in lease mode as a lease; and
--- no send before `nxt`.
-local function book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
+-- mode (cap 0) as the holder of the gate, in lease mode as `weight`
+-- leases; and no send before `nxt`.
+local function book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay, weight)
   local deadline = now + lease_ttl
   if cap == 0 then
     redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
@@ -50,7 +103,7 @@ local function book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay)
       redis.call('HSET', gate, 'next', int(nxt))
       extend(gate, nxt - now)
     end
-    redis.call('ZADD', leases, int(deadline), token)
+    zadd_all(leases, int(deadline), token, weight)
     extend(leases, lease_ttl)
   end
 end

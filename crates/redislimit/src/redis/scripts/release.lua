@@ -7,6 +7,7 @@
 --         admission: undo it without counting a completion, and if it has
 --         not run yet, make sure it books nothing when it does
 -- ARGV[5] lease_ttl (how long an abandoned acquire may still arrive)
+-- ARGV[6] weight (its members in leases and admits)
 --
 -- Returns 1 when the token still held its slot, 0 when it no longer did
 -- (its lease lapsed, or it was never admitted, or the host's state was
@@ -14,18 +15,19 @@
 local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, min_delay = ARGV[1], tonumber(ARGV[2])
 local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local weight = tonumber(ARGV[6])
 local now = clock()
 
 return guarded(function()
 local held
 if cap ~= 0 then
-  held = redis.call('ZREM', leases, token) == 1
+  held = zrem_all(leases, token, weight) > 0
 else
   held = redis.call('HGET', gate, 'holder') == token
 end
 
 if abandoned then
-  redis.call('ZREM', admits, token)
+  zrem_all(admits, token, weight)
   if not held then
     -- The acquire may still be on its way (a timed-out call, a frozen
     -- server): void its token until it could no longer matter.

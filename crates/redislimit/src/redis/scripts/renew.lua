@@ -3,12 +3,13 @@
 -- KEYS[1] gate   KEYS[2] leases   (layout in acquire.lua)
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
 -- ARGV[4] min_delay (serialized mode: owed after a dead holder's deadline)
+-- ARGV[5] weight (its members in leases)
 --
 -- Returns 1 when the lease was extended, 0 when the token had lost its slot
 -- (or the host's state was garbage and has been replaced: see heal).
 local gate, leases = KEYS[1], KEYS[2]
 local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local min_delay = tonumber(ARGV[4])
+local min_delay, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock()
 local deadline = now + lease_ttl
 
@@ -26,7 +27,7 @@ end
 if not redis.call('ZSCORE', leases, token) then
   return 0
 end
-redis.call('ZADD', leases, 'XX', int(deadline), token)
+zadd_all(leases, int(deadline), token, weight, 'XX')
 extend(leases, lease_ttl)
 return 1
 end, now, lease_ttl, 0)
