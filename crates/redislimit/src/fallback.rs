@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::hooks::WaitReport;
 use crate::pacing::after;
-use crate::snapshot::{PacedBy, Snapshot};
+use crate::snapshot::{PacedBy, Snapshot, TopHosts};
 use crate::{
     BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit,
     Policies, RequestPacing, WaitOutcome,
@@ -507,6 +507,29 @@ impl<P: Limiter> FallbackLimiter<P> {
     }
 }
 
+/// A snapshot of `top` hosts from the in-process side's view `local` and the
+/// primary's `shared`: waiting in either, in flight in the primary (a host
+/// the primary does not list has nothing waiting there: what is in flight
+/// in process is what it admitted).
+fn merge(top: usize, local: &Snapshot, mut shared: Snapshot) -> Snapshot {
+    for host in &local.hosts {
+        match shared.hosts.iter_mut().find(|h| h.host == host.host) {
+            Some(entry) => entry.queued += host.queued,
+            None => shared.hosts.push(host.clone()),
+        }
+    }
+    let mut tops = TopHosts::new(top);
+    for host in shared.hosts {
+        tops.offer(host.queued, host.in_flight, || host);
+    }
+    Snapshot {
+        hosts: tops.into_hosts(),
+        active_hosts: local.active_hosts.max(shared.active_hosts),
+        queued: local.queued + shared.queued,
+        in_flight: shared.in_flight,
+    }
+}
+
 /// Records `local`'s request as leaving now, after waiting (at most one
 /// `min_delay`) if another request of this process left too recently: an
 /// admission by the primary that came back and one made in-process during
@@ -648,16 +671,23 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         self.hooks.on_hold(&key, cause, hold);
     }
 
-    /// The in-process side's view, where every acquire waits first: while
-    /// the primary answers, hosts are paced by it ([`PacedBy::Shared`],
-    /// times unknown here); while it does not, in process
+    /// While the primary answers, hosts are paced by it
+    /// ([`PacedBy::Shared`], times unknown here): waiting are the acquires
+    /// queued in process (where every acquire waits first) and those the
+    /// primary reports waiting for it; in flight, those it admitted. While
+    /// it does not answer, the in-process side's view
     /// ([`PacedBy::Fallback`], with the next send and penalty end).
     fn snapshot(&self, top: usize) -> Snapshot {
         if self.is_degraded() {
-            self.fallback.snapshot_as(top, PacedBy::Fallback, true)
-        } else {
-            self.fallback.snapshot_as(top, PacedBy::Shared, false)
+            return self.fallback.snapshot_as(top, PacedBy::Fallback, true);
         }
+        let local = self.fallback.snapshot_as(top, PacedBy::Shared, false);
+        let shared = self.primary.snapshot(top);
+        if shared == Snapshot::default() {
+            // A primary that reports nothing of its own.
+            return local;
+        }
+        merge(top, &local, shared)
     }
 
     /// The primary's shared gap, when it keeps one; the hold it reports is
