@@ -196,6 +196,56 @@ async fn a_dropped_acquire_books_nothing() {
     }
 }
 
+/// A waiter booked for the host's next slot and dropped before it comes
+/// hands the slot back: the next waiter sends at it, not a gap later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booked_acquire_dropped_before_its_slot_hands_it_back() {
+    let server = RedisServer::start();
+    let gap = 2000 * MS;
+    let make = || {
+        limiter(
+            standalone(&server.url()),
+            |p| p.max_concurrent(4).min_delay(gap),
+            |b| b.cluster_concurrency(4).book_ahead(1000 * MS),
+        )
+    };
+    let (a, b, c) = (make(), Arc::new(make()), make());
+    let gate = a.keys(&host("a.test")).gate;
+    let booked = || server.command(&["HGET", &gate, "booked_next"]);
+    let first = a.acquire_host("t", host("a.test"), None).await.unwrap();
+    let sent = Instant::now();
+    let first_booking = booked();
+    drop(first);
+    // B asks again within the horizon of the slot and is booked for it.
+    let waiting = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { b.acquire_host("t", host("a.test"), None).await })
+    };
+    bounded(10, async {
+        while booked() == first_booking {
+            tokio::time::sleep(MS).await;
+        }
+    })
+    .await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled(), "B sent");
+    tokio::time::sleep(50 * MS).await; // the abandon lands
+    let third = bounded(10, c.acquire_host("t", host("a.test"), None))
+        .await
+        .unwrap();
+    let at = sent.elapsed();
+    drop(third);
+    assert!(
+        at >= gap - SLACK && at < gap + gap / 2,
+        "C went {at:?} after the first send: B's slot was {}",
+        if at >= gap * 2 - SLACK {
+            "kept"
+        } else {
+            "not kept either"
+        }
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_longer_than_the_budget_fails_at_once() {
     let server = RedisServer::start();

@@ -439,6 +439,12 @@ impl Permit {
         }
     }
 
+    /// The same permit, as granted after waiting `waited`.
+    pub(crate) fn waited_for(mut self, waited: Duration) -> Self {
+        self.waited = waited;
+        self
+    }
+
     /// What [`abandon`](Self::abandon) runs instead of the release: taking
     /// the admission back. For implementors of [`Limiter`].
     pub fn on_abandon(mut self, abandon: impl FnOnce() + Send + Sync + 'static) -> Self {

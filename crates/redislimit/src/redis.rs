@@ -5,6 +5,7 @@ mod circuit;
 mod keys;
 mod limiter;
 mod pool;
+mod precise;
 mod registry;
 mod renew;
 mod script;

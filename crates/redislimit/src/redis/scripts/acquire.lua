@@ -13,8 +13,11 @@
 -- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
 -- ARGV[8] weight: slots of the cap and units of the quota it takes (1 in
 --         serialized mode)
+-- ARGV[9] horizon: a wait at most this long (µs) is booked now, for a send
+--         at its end (0: only a free host admits)
 --
--- Returns {1, now} when admitted, or {0, wait, full}: no send for `wait` µs,
+-- Returns {1, now, ahead} when admitted: send in `ahead` µs (0: at once;
+-- the slot is booked for then), or {0, wait, full}: no send for `wait` µs,
 -- and full = 1 when the host's in-flight cap is taken (retry soon after),
 -- or {0, 0, 2} when this acquire had already been abandoned, or
 -- {0, lease_ttl, 3} when the host's state was of the wrong type or
@@ -24,7 +27,7 @@ local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = ARGV[1]
 local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local weight = tonumber(ARGV[8])
+local weight, horizon = tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = clock()
 
 -- Everything this script decides on is read (and checked) before anything
@@ -87,16 +90,21 @@ if quota > 0 then
   end
 end
 
-if full == 1 or wait > 0 then
+if full == 1 or wait > horizon then
   -- A clock that stepped back, or a value from elsewhere, never asks for
   -- more than the longest wait this configuration can produce.
   return {0, math.min(math.max(wait, 0), max_wait), full}
 end
 
-nxt = math.max(nxt, now + min_delay)
-book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay, weight)
+-- Admitted now, or booked for the end of a wait within the horizon: the
+-- request counts (in flight, in the quota, for the gap) from its slot.
+local ahead = math.max(wait, 0)
+local at = now + ahead
+local before = nxt
+nxt = math.max(nxt, at + min_delay)
+book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, before)
 if quota > 0 then
-  zadd_all(admits, int(now), token, weight)
-  extend(admits, window)
+  zadd_all(admits, int(at), token, weight)
+  extend(admits, at + window - now)
 end
-return {1, now}
+return {1, now, ahead}

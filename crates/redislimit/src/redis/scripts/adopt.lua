@@ -27,7 +27,7 @@ nxt = math.max(nxt, sent + min_delay)
 if cap == 0 and holder and holder ~= token and busy > now then
   return 0
 end
-book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay, weight)
+book(gate, leases, token, cap, nxt, now, now, lease_ttl, min_delay, weight, nil)
 if quota > 0 and sent + window > now then
   zadd_all(admits, int(sent), token, weight)
   extend(admits, sent + window - now)

@@ -89,22 +89,31 @@ local function zrem_all(key, token, weight)
   return batched('ZREM', key, {}, members(token, weight), 256)
 end
 
--- Books `token` a slot on a host, until `now + lease_ttl`: in serialized
--- mode (cap 0) as the holder of the gate, in lease mode as `weight`
--- leases; and no send before `nxt`.
-local function book(gate, leases, token, cap, nxt, now, lease_ttl, min_delay, weight)
-  local deadline = now + lease_ttl
+-- Books `token` a slot on a host for a send at `at` (now, or a moment
+-- ahead), until `at + lease_ttl`: in serialized mode (cap 0) as the holder
+-- of the gate, in lease mode as `weight` leases; and no send before `nxt`.
+-- With `undo` (what `next` was before), the gate records the booking
+-- (booked, booked_next, before) so that an abandon can take back the gap it
+-- opened while nothing else has moved `next` since (see release.lua).
+local function book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, undo)
+  local deadline = at + lease_ttl
+  local fields = {'next', int(nxt)}
+  if undo then
+    fields[3], fields[4] = 'booked', token
+    fields[5], fields[6] = 'booked_next', int(nxt)
+    fields[7], fields[8] = 'before', int(undo)
+  end
   if cap == 0 then
-    redis.call('HSET', gate, 'next', int(nxt), 'holder', token, 'busy', int(deadline))
+    redis.call('HSET', gate, 'holder', token, 'busy', int(deadline), unpack(fields))
     -- A holder that dies still owes the gap after its lease deadline.
     extend(gate, math.max(nxt, deadline + min_delay) - now)
   else
     if nxt > now then
-      redis.call('HSET', gate, 'next', int(nxt))
+      redis.call('HSET', gate, unpack(fields))
       extend(gate, nxt - now)
     end
     zadd_all(leases, int(deadline), token, weight)
-    extend(leases, lease_ttl)
+    extend(leases, deadline - now)
   end
 end
 

@@ -4,8 +4,9 @@
 --                                                     (layout in acquire.lua)
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency
 -- ARGV[4] 1 when the acquire was abandoned before its caller saw the
---         admission: undo it without counting a completion, and if it has
---         not run yet, make sure it books nothing when it does
+--         admission (or before its booked slot came): undo it without
+--         counting a completion, and if it has not run yet, make sure it
+--         books nothing when it does
 -- ARGV[5] lease_ttl (how long an abandoned acquire may still arrive)
 -- ARGV[6] weight (its members in leases and admits)
 --
@@ -35,6 +36,22 @@ if abandoned then
     redis.call('ZADD', void, int(now + lease_ttl), token)
     extend(void, lease_ttl)
     return 0
+  end
+end
+
+if abandoned and held then
+  -- Never sent: the gap its booking opened closes again, unless something
+  -- moved `next` since (another booking, a penalty, a completion).
+  local b = redis.call('HMGET', gate, 'booked', 'booked_next', 'before', 'next')
+  if b[1] == token then
+    local booked_next, before, current = number(b[2]), number(b[3]), number(b[4])
+    if booked_next == nil or before == nil or current == nil then
+      garbage()
+    end
+    if current == booked_next then
+      redis.call('HSET', gate, 'next', int(before))
+    end
+    redis.call('HDEL', gate, 'booked', 'booked_next', 'before')
   end
 end
 
