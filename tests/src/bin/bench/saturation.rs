@@ -65,17 +65,62 @@ fn rate(reqs: &[Request]) -> f64 {
 }
 
 fn replicas(server: &RedisServer, pacing: &Pacing, cap: u32) -> Vec<Arc<dyn Limiter>> {
+    replicas_with(server, pacing, cap, RedisLimiter::DEFAULT_SLOT_MARGIN)
+}
+
+/// [`replicas`], aiming `margin` after each slot.
+fn replicas_with(
+    server: &RedisServer,
+    pacing: &Pacing,
+    cap: u32,
+    margin: Duration,
+) -> Vec<Arc<dyn Limiter>> {
     (0..REPLICAS)
         .map(|_| {
             let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
             let limiter = RedisLimiter::builder(pool, "saturation")
                 .pacing(pacing.clone())
                 .cluster_concurrency(cap)
+                .slot_margin(margin)
                 .build()
                 .unwrap();
             Arc::new(limiter) as Arc<dyn Limiter>
         })
         .collect()
+}
+
+/// The lease-mode figure of a run at `delay` apart: the rate against
+/// 1 / min_delay, and the gaps the sends kept (any more than `SLACK`
+/// short is a violation).
+fn lease_figure(name: &str, reqs: &[Request], delay: Duration, margin: Duration) -> Figure {
+    let close = reqs
+        .windows(2)
+        .filter(|w| w[1].send - w[0].send + SLACK < delay)
+        .count();
+    let violations = close + usize::from(max_in_flight(reqs) > 8);
+    let mut gaps: Vec<f64> = reqs
+        .windows(2)
+        .map(|w| (w[1].send - w[0].send).as_secs_f64() * 1e3)
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let min_gap_ms = gaps.first().copied().unwrap_or(f64::NAN);
+    let p01_gap_ms = gaps.get(gaps.len() / 100).copied().unwrap_or(f64::NAN);
+    Figure::new(
+        name,
+        rate(reqs),
+        1.0 / delay.as_secs_f64(),
+        "configured limit: 1 / min_delay",
+        "admissions/s",
+        json!({
+            "replicas": REPLICAS,
+            "cluster_concurrency": 8,
+            "min_delay_ms": delay.as_secs_f64() * 1e3,
+            "slot_margin_us": margin.as_micros() as u64,
+            "violations": violations,
+            "min_gap_ms": min_gap_ms,
+            "p01_gap_ms": p01_gap_ms,
+        }),
+    )
 }
 
 /// Measured sends trail admissions a little; checks allow this much.
@@ -112,26 +157,33 @@ pub(crate) async fn run() -> Vec<Figure> {
         json!({ "replicas": REPLICAS, "quota": 20, "window_ms": 500, "violations": violations }),
     ));
 
-    for ms in [25u64, 100] {
-        // (b) Lease mode: sends `ms` apart, cap 8 never binding.
-        let server = RedisServer::start();
+    for ms in [5u64, 10, 25, 100] {
+        // (b) Lease mode: sends `ms` apart (200, 100, 40 and 10 a
+        // second), cap 8 never binding; with the default slot margin, and
+        // with a tight one.
         let delay = Duration::from_millis(ms);
         let pacing = Pacing::builder().min_delay(delay).build().unwrap();
-        let reqs = saturate(replicas(&server, &pacing, 8), Duration::from_millis(5)).await;
-        let close = reqs
-            .windows(2)
-            .filter(|w| w[1].send - w[0].send + SLACK < delay)
-            .count();
-        let violations = close + usize::from(max_in_flight(&reqs) > 8);
-        figures.push(Figure::new(
-            &format!("saturation_lease_{ms}ms_utilization"),
-            rate(&reqs),
-            1.0 / delay.as_secs_f64(),
-            "configured limit: 1 / min_delay",
-            "admissions/s",
-            json!({ "replicas": REPLICAS, "cluster_concurrency": 8, "min_delay_ms": ms, "violations": violations }),
-        ));
+        for (suffix, margin) in [
+            ("", RedisLimiter::DEFAULT_SLOT_MARGIN),
+            ("_margin_100us", Duration::from_micros(100)),
+        ] {
+            if ms == 100 && !suffix.is_empty() {
+                continue;
+            }
+            let server = RedisServer::start();
+            let limiters = replicas_with(&server, &pacing, 8, margin);
+            let reqs = saturate(limiters, Duration::from_millis(5)).await;
+            figures.push(lease_figure(
+                &format!("saturation_lease_{ms}ms{suffix}_utilization"),
+                &reqs,
+                delay,
+                margin,
+            ));
+        }
 
+        if ms < 25 {
+            continue;
+        }
         // (c) Serialized: 5 ms of work, then `ms` after it ends. The limit
         // is taken from how long requests really held the host (a 5 ms
         // sleep lasts a little longer), so only pacing losses count.
