@@ -704,10 +704,15 @@ impl Sweep for Inner {
                 if budget == 0 {
                     continue; // let acquires on this shard in, then go on
                 }
-                if hosts.capacity() > 64 && hosts.len() * 4 < hosts.capacity() {
+                // A shard that emptied gives its memory back whatever its
+                // size; a large one that shrank, most of it.
+                if (hosts.capacity() > 64 || hosts.is_empty()) && hosts.len() * 4 < hosts.capacity()
+                {
                     hosts.shrink_to(hosts.len() * 2);
                 }
-                if expiries.capacity() > 64 && expiries.len() * 4 < expiries.capacity() {
+                if (expiries.capacity() > 64 || expiries.is_empty())
+                    && expiries.len() * 4 < expiries.capacity()
+                {
                     expiries.shrink_to(expiries.len() * 2);
                 }
                 if let Some(Reverse((at, _))) = expiries.peek() {

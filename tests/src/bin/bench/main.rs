@@ -6,6 +6,7 @@
 //! Real parts only: Redis servers and the HTTP upstream are started on
 //! loopback by this package's harness.
 
+mod fairness;
 mod middleware;
 mod redis_cost;
 mod saturation;
@@ -28,7 +29,8 @@ pub(crate) fn live_bytes() -> i64 {
     s.bytes_allocated as i64 - s.bytes_deallocated as i64 + s.bytes_reallocated as i64
 }
 
-/// One measured figure and its baseline.
+/// One measured figure and its baseline, with the goal it is held to
+/// (stated as a bound on the ratio) and whether this run met it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Figure {
     pub(crate) name: String,
@@ -38,6 +40,10 @@ pub(crate) struct Figure {
     pub(crate) ratio: f64,
     pub(crate) units: String,
     pub(crate) params: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) goal: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) met: Option<bool>,
 }
 
 impl Figure {
@@ -65,7 +71,36 @@ impl Figure {
             ratio,
             units: units.to_owned(),
             params,
+            goal: None,
+            met: None,
         }
+    }
+
+    /// Held to a ratio of at least `least`.
+    pub(crate) fn at_least(mut self, least: f64) -> Self {
+        self.goal = Some(format!("ratio >= {least}"));
+        self.met = Some(self.ratio >= least);
+        self
+    }
+
+    /// Held to a ratio of at most `most`.
+    pub(crate) fn at_most(mut self, most: f64) -> Self {
+        self.goal = Some(format!("ratio <= {most}"));
+        self.met = Some(self.ratio <= most);
+        self
+    }
+
+    /// Held to no goal: it is there to read another figure by.
+    pub(crate) fn informative(mut self, why: &str) -> Self {
+        self.goal = Some(format!("none: {why}"));
+        self
+    }
+
+    /// Held to `goal`, met or not as measured otherwise (`met`).
+    pub(crate) fn held_to(mut self, goal: &str, met: bool) -> Self {
+        self.goal = Some(goal.to_owned());
+        self.met = Some(met);
+        self
     }
 }
 
@@ -103,6 +138,9 @@ fn main() {
         }
         if wanted("scaling") {
             figures.extend(scaling::run().await);
+        }
+        if wanted("fairness") {
+            figures.extend(fairness::run().await);
         }
         if wanted("middleware") {
             figures.extend(middleware::run().await);

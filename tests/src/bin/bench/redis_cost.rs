@@ -57,6 +57,9 @@ fn per_call(server: &RedisServer, command: &str, ops: usize) -> (f64, f64) {
     (usec / calls.max(1.0), sent / ops as f64)
 }
 
+/// Admissions counted for the quota-state figure.
+const QUOTA_OPS: usize = 10_000;
+
 fn host(i: usize) -> HostKey {
     HostKey::parse(&format!("http://h{i}.example/")).unwrap()
 }
@@ -128,6 +131,46 @@ pub(crate) async fn run() -> Vec<Figure> {
     }
     let (gcra_us, gcra_cmds) = per_call(&server, "evalsha", N);
 
+    // Quota state: a host allowed a million an hour, after QUOTA_OPS
+    // admissions (their releases landed).
+    let quota = RedisLimiter::builder(
+        RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap(),
+        "bench-quota",
+    )
+    .pacing(
+        Pacing::builder()
+            .max_concurrent(4000)
+            .quota(1_000_000)
+            .window(Duration::from_secs(3600))
+            .build()
+            .unwrap(),
+    )
+    .cluster_concurrency(4000)
+    .build()
+    .unwrap();
+    let counted = host(usize::MAX - 2);
+    for _ in 0..QUOTA_OPS {
+        drop(
+            quota
+                .acquire_host("bench", counted.clone(), None)
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys = quota.keys(&counted);
+    let state_bytes: f64 = [&keys.gate, &keys.leases, &keys.admits, &keys.void]
+        .iter()
+        .map(|key| {
+            let reply = server.command(&["MEMORY", "USAGE", key]);
+            reply
+                .trim()
+                .trim_start_matches(':')
+                .parse::<f64>()
+                .unwrap_or(0.0)
+        })
+        .sum();
+
     let params =
         json!({ "operations": N, "redis": "standalone, loopback", "mode": "lease, cap 4000" });
     vec![
@@ -138,7 +181,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "GCRA script",
             "commands",
             params.clone(),
-        ),
+        ).at_most(1.0),
         Figure::new(
             "redis_acquire_server_us",
             acquire_us,
@@ -146,7 +189,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "GCRA script",
             "µs/call",
             params.clone(),
-        ),
+        ).at_most(1.5),
         Figure::new(
             "redis_acquire_server_us_vs_floor",
             acquire_us,
@@ -154,7 +197,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "INCR",
             "µs/call",
             params.clone(),
-        ),
+        ).informative("the cost of the cheapest command, to read the others by"),
         Figure::new(
             "redis_release_commands_per_op",
             release_cmds,
@@ -162,7 +205,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "GCRA script",
             "commands",
             params.clone(),
-        ),
+        ).at_most(1.0),
         Figure::new(
             "redis_release_server_us",
             release_us,
@@ -170,7 +213,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "GCRA script",
             "µs/call",
             params.clone(),
-        ),
+        ).at_most(1.5),
         Figure::new(
             "redis_acquire_server_us_1000_leases",
             crowded_us,
@@ -178,6 +221,15 @@ pub(crate) async fn run() -> Vec<Figure> {
             "same acquire on a free host",
             "µs/call",
             json!({ "live_leases": 1000, "acquires": 500 }),
-        ),
+        ).at_most(1.1),
+        Figure::new(
+            "redis_quota_state_bytes_per_host",
+            state_bytes,
+            1024.0,
+            "1 KiB per host, for any quota",
+            "bytes",
+            json!({ "quota": 1_000_000, "window_s": 3600, "admissions": QUOTA_OPS, "bytes_per_admission": state_bytes / QUOTA_OPS as f64 }),
+        )
+        .at_most(1.0),
     ]
 }

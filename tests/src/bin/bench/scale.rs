@@ -77,7 +77,8 @@ pub(crate) async fn run() -> Vec<Figure> {
             "governor keyed check",
             "ops/s",
             params.clone(),
-        ),
+        )
+        .at_least(1.0),
         Figure::new(
             "hosts_1m_peak_memory",
             ours_peak,
@@ -85,7 +86,8 @@ pub(crate) async fn run() -> Vec<Figure> {
             "governor keyed state",
             "bytes",
             params.clone(),
-        ),
+        )
+        .at_most(1.0),
         Figure::new(
             "hosts_1m_memory_after_idle",
             ours_after.max(0.0),
@@ -93,6 +95,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "governor after retain_recent",
             "bytes",
             params,
-        ),
+        )
+        .held_to("ours <= 4096 bytes", ours_after <= 4096.0),
     ]
 }

@@ -70,7 +70,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "linear: n x one replica",
             "requests/s",
             json!({ "replicas": n, "cluster_concurrency": 8, "upstream_ms": 50, "workers_per_replica": 1 }),
-        ));
+        ).at_least(0.95));
     }
     figures
 }

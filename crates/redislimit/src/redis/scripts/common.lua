@@ -95,21 +95,24 @@ end
 -- With `undo` (what `next` was before), the gate records the booking
 -- (booked, booked_next, before) so that an abandon can take back the gap it
 -- opened while nothing else has moved `next` since (see release.lua).
+local function set_next(gate, nxt, token, undo, ...)
+  local n = int(nxt)
+  if undo then
+    redis.call('HSET', gate, 'next', n, 'booked', token, 'booked_next', n, 'before', int(undo), ...)
+  else
+    redis.call('HSET', gate, 'next', n, ...)
+  end
+end
+
 local function book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, undo)
   local deadline = at + lease_ttl
-  local fields = {'next', int(nxt)}
-  if undo then
-    fields[3], fields[4] = 'booked', token
-    fields[5], fields[6] = 'booked_next', int(nxt)
-    fields[7], fields[8] = 'before', int(undo)
-  end
   if cap == 0 then
-    redis.call('HSET', gate, 'holder', token, 'busy', int(deadline), unpack(fields))
+    set_next(gate, nxt, token, undo, 'holder', token, 'busy', int(deadline))
     -- A holder that dies still owes the gap after its lease deadline.
     extend(gate, math.max(nxt, deadline + min_delay) - now)
   else
     if nxt > now then
-      redis.call('HSET', gate, unpack(fields))
+      set_next(gate, nxt, token, undo)
       extend(gate, nxt - now)
     end
     zadd_all(leases, int(deadline), token, weight)
