@@ -35,7 +35,7 @@ use deadpool_redis::redis::Cmd;
 use tokio::time::Instant;
 
 use super::keys::RedisKeys;
-use super::limiter::{Shared, unavailable};
+use super::limiter::{QUOTA_BUCKETS, Shared, quota_buckets, unavailable};
 use super::script::AGREE;
 use crate::pacing::after;
 use crate::{Error, KeyBy, Op, Policies};
@@ -67,10 +67,13 @@ impl Agreement {
                 0 => "serialized".to_owned(),
                 n => format!("lease cluster_concurrency={n}"),
             };
-            let quota = if pacing.quota() == 0 {
-                "off".to_owned()
-            } else {
-                format!("{}/{:?}", pacing.quota(), pacing.window())
+            let window_us = pacing.window().as_micros() as u64;
+            let quota = match (pacing.quota(), quota_buckets(pacing.quota(), window_us)) {
+                (0, _) => "off".to_owned(),
+                // Replicas that keep this quota another way (each
+                // admission, or other buckets) would not count together.
+                (q, 0) => format!("{q}/{:?}", pacing.window()),
+                (q, _) => format!("{q}/{:?} in {QUOTA_BUCKETS} buckets", pacing.window()),
             };
             format!(
                 "mode={mode} min_delay={:?} quota={quota}",

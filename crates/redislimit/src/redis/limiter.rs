@@ -212,6 +212,31 @@ pub(super) struct Args {
     /// The weight of the request (1 in the policy's own arguments): how
     /// many members it is in the leases and admits sets.
     pub(super) weight: u32,
+    /// 0 when the quota keeps each admission; else the width of its
+    /// buckets (see [`quota_buckets`]).
+    pub(super) bucket_us: u64,
+    /// When the request was admitted, on the Redis clock (0 until it is,
+    /// or when unknown): where a bucketed quota counted it.
+    pub(super) admitted_us: u64,
+}
+
+/// Quotas up to this many admissions per window keep each admission in
+/// Redis (a sorted set of tokens, about 60 bytes each); larger ones keep
+/// [`QUOTA_BUCKETS`] counters per window instead, bounded whatever the
+/// quota.
+pub(super) const EXACT_QUOTA_MAX: u32 = 16;
+
+/// How many buckets a window of a large quota is counted in.
+pub(super) const QUOTA_BUCKETS: u64 = 32;
+
+/// The bucket width (µs) of a quota of `quota` per `window_us`, or 0 when
+/// each admission is kept.
+pub(super) fn quota_buckets(quota: u32, window_us: u64) -> u64 {
+    if quota > EXACT_QUOTA_MAX {
+        window_us.div_ceil(QUOTA_BUCKETS).max(1)
+    } else {
+        0
+    }
 }
 
 /// Builds a [`RedisLimiter`]; see its documentation for the controls.
@@ -428,6 +453,8 @@ impl RedisLimiterBuilder {
                         .max(window_us)
                         .min(crate::MAX_MICROS),
                     weight: 1,
+                    bucket_us: quota_buckets(pacing.quota(), window_us),
+                    admitted_us: 0,
                 }
             })
             .collect();
@@ -755,8 +782,9 @@ impl Limiter for RedisLimiter {
 
 /// What the acquire script answered.
 enum Answer {
-    /// Booked for a send `ahead` from now (zero: at once).
-    Admitted { ahead: Duration },
+    /// Booked for a send `ahead` from now (zero: at once), at `at_us` on
+    /// the Redis clock.
+    Admitted { ahead: Duration, at_us: u64 },
     /// No send for `wait`; `full` when the in-flight cap is taken.
     Wait { wait: Duration, full: bool },
 }
@@ -896,7 +924,8 @@ impl Shared {
                 self.round_trip.observe(sent.elapsed());
             }
             let (wait, full) = match answer {
-                Ok(Answer::Admitted { ahead }) => {
+                Ok(Answer::Admitted { ahead, at_us }) => {
+                    args.admitted_us = at_us;
                     // The next caller of this process may book the slot
                     // after this one while this one waits for its own.
                     drop(polling);
@@ -1042,15 +1071,17 @@ impl Shared {
                     .arg(args.window_us)
                     .arg(args.max_wait_us)
                     .arg(args.weight)
-                    .arg(horizon.as_micros() as u64);
+                    .arg(horizon.as_micros() as u64)
+                    .arg(args.bucket_us);
             })
             .await;
         self.circuit.observe(&reply);
         let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
-            [1, _, ahead] if ahead >= 0 => Ok(Answer::Admitted {
+            [1, now, ahead] if ahead >= 0 && now >= 0 => Ok(Answer::Admitted {
                 // Within the horizon asked for, which is far below this.
                 ahead: Duration::from_micros((ahead as u64).min(args.max_wait_us)),
+                at_us: (now as u64).saturating_add(ahead as u64),
             }),
             [0, _, 2] => Err(Error::unavailable(
                 Op::Acquire,
@@ -1123,7 +1154,9 @@ impl Shared {
                         .arg(args.cap)
                         .arg(u8::from(abandoned))
                         .arg(self.lease_ttl_us)
-                        .arg(args.weight);
+                        .arg(args.weight)
+                        .arg(args.bucket_us)
+                        .arg(args.admitted_us);
                 })
                 .await;
             self.circuit.observe(&released);
@@ -1183,7 +1216,8 @@ impl Shared {
                     .arg(ago_us)
                     .arg(args.quota)
                     .arg(args.window_us)
-                    .arg(args.weight);
+                    .arg(args.weight)
+                    .arg(args.bucket_us);
             })
             .await;
         self.circuit.observe(&adopted);

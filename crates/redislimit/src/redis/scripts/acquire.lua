@@ -15,6 +15,8 @@
 --         serialized mode)
 -- ARGV[9] horizon: a wait at most this long (µs) is booked now, for a send
 --         at its end (0: only a free host admits)
+-- ARGV[10] bucket: 0 when `admits` keeps each admission (a ZSET), else the
+--         width (µs) of its buckets (a HASH; see buckets in common.lua)
 --
 -- Returns {1, now, ahead} when admitted: send in `ahead` µs (0: at once;
 -- the slot is booked for then), or {0, wait, full}: no send for `wait` µs,
@@ -27,7 +29,7 @@ local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token = ARGV[1]
 local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local weight, horizon = tonumber(ARGV[8]), tonumber(ARGV[9])
+local weight, horizon, width = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local now = clock()
 
 -- Everything this script decides on is read (and checked) before anything
@@ -44,7 +46,12 @@ ok = ok and ok_void and nxt ~= nil and busy ~= nil
 if ok and cap ~= 0 then
   ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
 end
-if ok and quota > 0 then
+local live, stale, counted
+if ok and quota > 0 and width > 0 then
+  ok, err = pcall(function()
+    live, stale, counted = buckets(admits, now, window)
+  end)
+elseif ok and quota > 0 then
   -- An admission at `a` counts while a <= now < a + window.
   ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
 end
@@ -79,7 +86,11 @@ else
 end
 
 local wait = nxt - now
-if quota > 0 then
+if quota > 0 and width > 0 then
+  if counted + weight > quota then
+    wait = math.max(wait, bucket_wait(live, counted, quota - weight, now, window))
+  end
+elseif quota > 0 then
   -- Room for `weight` more once at most quota - weight are left: once the
   -- newest record beyond those has left the window.
   local n = redis.call('ZCARD', admits)
@@ -103,7 +114,9 @@ local at = now + ahead
 local before = nxt
 nxt = math.max(nxt, at + min_delay)
 book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, before)
-if quota > 0 then
+if quota > 0 and width > 0 then
+  bucket_add(admits, at, weight, width, window, now, stale)
+elseif quota > 0 then
   zadd_all(admits, int(at), token, weight)
   extend(admits, at + window - now)
 end

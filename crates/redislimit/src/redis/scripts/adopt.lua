@@ -5,6 +5,7 @@
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
 -- ARGV[4] min_delay   ARGV[5] how long ago it was sent (µs)
 -- ARGV[6] quota (0 = off)   ARGV[7] window   ARGV[8] weight
+-- ARGV[9] bucket width (µs; 0: admits keeps each admission)
 --
 -- Returns 1 when the request now holds a slot (renewed and released like
 -- any other), 0 when another holder has the host (serialized mode): the
@@ -13,6 +14,7 @@ local gate, leases, admits = KEYS[1], KEYS[2], KEYS[3]
 local token, cap, lease_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local min_delay, ago = tonumber(ARGV[4]), tonumber(ARGV[5])
 local quota, window, weight = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local width = tonumber(ARGV[9])
 local now = clock()
 local sent = now - ago
 
@@ -28,7 +30,9 @@ if cap == 0 and holder and holder ~= token and busy > now then
   return 0
 end
 book(gate, leases, token, cap, nxt, now, now, lease_ttl, min_delay, weight, nil)
-if quota > 0 and sent + window > now then
+if quota > 0 and sent + window > now and width > 0 then
+  bucket_add(admits, sent, weight, width, window, now, nil)
+elseif quota > 0 and sent + window > now then
   zadd_all(admits, int(sent), token, weight)
   extend(admits, sent + window - now)
 end

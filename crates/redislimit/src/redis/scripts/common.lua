@@ -89,6 +89,94 @@ local function zrem_all(key, token, weight)
   return batched('ZREM', key, {}, members(token, weight), 256)
 end
 
+-- Quotas above a few dozen keep buckets, not instants: `admits` is then a
+-- HASH whose field floor(t / width) holds "<count> <latest>", the units
+-- admitted in that stretch of the clock and the latest of their instants.
+-- A bucket counts while its latest admission is inside the window, so an
+-- admission can be counted for up to one bucket's width after it left
+-- (never the other way round): the quota is never exceeded, and a burst
+-- (one instant) is counted exactly.
+
+-- The buckets of `admits` still counting at `now` (oldest first, as
+-- {field, count, latest}), their total, and the fields that no longer count.
+local function buckets(admits, now, window)
+  local raw = redis.call('HGETALL', admits)
+  local live, stale, total = {}, {}, 0
+  for i = 1, #raw, 2 do
+    local b = tonumber(raw[i])
+    local c, l = string.match(raw[i + 1], '^(%d+) (%d+)$')
+    if b == nil or c == nil then
+      garbage()
+    end
+    c, l = tonumber(c), tonumber(l)
+    if l + window > now then
+      live[#live + 1] = {b, c, l}
+      total = total + c
+    else
+      stale[#stale + 1] = raw[i]
+    end
+  end
+  table.sort(live, function(x, y) return x[1] < y[1] end)
+  return live, stale, total
+end
+
+-- How long from `now` until at most `room` units count, given `live`
+-- (as buckets returns it) totalling `total`.
+local function bucket_wait(live, total, room, now, window)
+  local freed = 0
+  for _, e in ipairs(live) do
+    if total - freed <= room then
+      break
+    end
+    freed = freed + e[2]
+    if total - freed <= room then
+      return e[3] + window - now
+    end
+  end
+  -- Only a weight above the quota (refused before it gets here) cannot
+  -- fit: wait a whole window rather than admit it.
+  return window
+end
+
+-- Adds `weight` units admitted at `at` to their bucket (of `width` µs),
+-- dropping the `stale` fields, and keeps `admits` for the window.
+local function bucket_add(admits, at, weight, width, window, now, stale)
+  local b = math.floor(at / width)
+  local v = redis.call('HGET', admits, b)
+  local c, l = 0, at
+  if v then
+    local vc, vl = string.match(v, '^(%d+) (%d+)$')
+    if vc == nil then
+      garbage()
+    end
+    c, l = tonumber(vc), math.max(tonumber(vl), at)
+  end
+  redis.call('HSET', admits, b, int(c + weight) .. ' ' .. int(l))
+  if stale and #stale > 0 then
+    redis.call('HDEL', admits, unpack(stale))
+  end
+  extend(admits, l + window - now)
+end
+
+-- Takes `weight` units admitted at `at` out of their bucket.
+local function bucket_remove(admits, at, weight, width)
+  local b = math.floor(at / width)
+  local v = redis.call('HGET', admits, b)
+  if not v then
+    return
+  end
+  local c, l = string.match(v, '^(%d+) (%d+)$')
+  if c == nil then
+    garbage()
+  end
+  c = tonumber(c) - weight
+  if c > 0 then
+    redis.call('HSET', admits, b, int(c) .. ' ' .. l)
+  else
+    redis.call('HDEL', admits, b)
+  end
+end
+
 -- Books `token` a slot on a host for a send at `at` (now, or a moment
 -- ahead), until `at + lease_ttl`: in serialized mode (cap 0) as the holder
 -- of the gate, in lease mode as `weight` leases; and no send before `nxt`.

@@ -9,6 +9,8 @@
 --         books nothing when it does
 -- ARGV[5] lease_ttl (how long an abandoned acquire may still arrive)
 -- ARGV[6] weight (its members in leases and admits)
+-- ARGV[7] bucket width (µs; 0: admits keeps each admission by token)
+-- ARGV[8] when it was admitted (µs, Redis clock; 0: unknown), for buckets
 --
 -- Returns 1 when the token still held its slot, 0 when it no longer did
 -- (its lease lapsed, or it was never admitted, or the host's state was
@@ -16,7 +18,7 @@
 local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, min_delay = ARGV[1], tonumber(ARGV[2])
 local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
-local weight = tonumber(ARGV[6])
+local weight, width, admitted = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = clock()
 
 return guarded(function()
@@ -28,7 +30,11 @@ else
 end
 
 if abandoned then
-  zrem_all(admits, token, weight)
+  if width == 0 then
+    zrem_all(admits, token, weight)
+  elseif admitted > 0 then
+    bucket_remove(admits, admitted, weight, width)
+  end
   if not held then
     -- The acquire may still be on its way (a timed-out call, a frozen
     -- server): void its token until it could no longer matter.
