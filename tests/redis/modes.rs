@@ -105,13 +105,23 @@ async fn a_large_quota_holds_in_every_window_in_bounded_state() {
     let replicas = replicas(&server, 3, |pool| {
         limiter(
             pool,
-            |p| p.max_concurrent(64).min_delay(3 * MS).quota(40).window(window),
+            |p| {
+                p.max_concurrent(64)
+                    .min_delay(3 * MS)
+                    .quota(40)
+                    .window(window)
+            },
             |b| b.cluster_concurrency(64),
         )
     });
     let keys = limiter(
         standalone(&server.url()),
-        |p| p.max_concurrent(64).min_delay(3 * MS).quota(40).window(window),
+        |p| {
+            p.max_concurrent(64)
+                .min_delay(3 * MS)
+                .quota(40)
+                .window(window)
+        },
         |b| b.cluster_concurrency(64),
     )
     .keys(&host("a.test"));
@@ -139,6 +149,38 @@ async fn a_large_quota_holds_in_every_window_in_bounded_state() {
         .parse()
         .unwrap();
     assert!(bytes <= 1024, "the quota state takes {bytes} bytes");
+}
+
+/// An admission taken back (never sent) gives its unit of a bucketed quota
+/// back; one released (sent) does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_admission_gives_its_bucketed_quota_unit_back() {
+    let server = RedisServer::start();
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.max_concurrent(64).quota(20).window(10_000 * MS),
+        |b| b.cluster_concurrency(64),
+    );
+    let soon = || Some(tokio::time::Instant::now() + 200 * MS);
+    for _ in 0..19 {
+        drop(l.acquire_host("t", host("a.test"), soon()).await.unwrap());
+    }
+    l.acquire_host("t", host("a.test"), soon())
+        .await
+        .unwrap()
+        .abandon();
+    tokio::time::sleep(50 * MS).await; // the abandon lands
+    let last = l.acquire_host("t", host("a.test"), soon()).await;
+    assert!(
+        last.is_ok(),
+        "the abandoned unit was not given back: {last:?}"
+    );
+    drop(last);
+    let over = l.acquire_host("t", host("a.test"), soon()).await;
+    assert!(
+        matches!(over, Err(Error::WaitBudget { .. })),
+        "a 21st admission inside the window: {over:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

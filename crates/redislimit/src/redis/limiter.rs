@@ -52,10 +52,23 @@ use crate::{
 /// upstreams that count requests per window (APIs, search engines): it is
 /// the mode where N replicas get up to N times one replica's throughput.
 ///
-/// Both modes also apply the sliding-window `quota` (the admission instants
-/// themselves are kept, so no burst is banked) and
+/// Both modes also apply the sliding-window `quota` (admissions are
+/// counted as they happened, so no burst is banked) and
 /// [`penalize`](Limiter::penalize), which holds a host back on every
 /// replica and only ever extends a hold.
+///
+/// # How a quota is kept
+///
+/// A quota of up to 16 per window keeps each admission's instant (a sorted
+/// set, about 60 bytes per admission). A larger one counts admissions in
+/// 32 buckets per window, each with the latest instant admitted in it (a
+/// hash of under a kilobyte, whatever the quota: a million an hour takes
+/// the same room as fifty a second). A bucket counts until its latest
+/// admission has left the window, so the quota is never exceeded; the cost
+/// is that an admission may keep counting for up to one bucket's width
+/// (the window / 32) after it left: a request may wait up to that much
+/// longer than with each instant kept. Admissions made at one instant (a
+/// burst) are counted exactly.
 ///
 /// # Sizing `lease_ttl`
 ///
