@@ -96,13 +96,15 @@ async fn quota_holds_in_every_window_across_replicas() {
 }
 
 /// A quota too large to keep each admission is kept in buckets: still
-/// never exceeded in any window across replicas, nearly all of it used,
-/// and its state in Redis bounded however many were admitted.
+/// never exceeded in any window across replicas, and its state in Redis
+/// bounded however many were admitted (how much of it is used is measured
+/// by `cargo xtask bench`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_quota_holds_in_every_window_in_bounded_state() {
     let server = RedisServer::start();
     let window = 400 * MS;
-    let replicas = replicas(&server, 3, |pool| {
+    // Sends 3 ms apart, so that the upstream's record is not a burst.
+    let make = |pool| {
         limiter(
             pool,
             |p| {
@@ -113,33 +115,16 @@ async fn a_large_quota_holds_in_every_window_in_bounded_state() {
             },
             |b| b.cluster_concurrency(64),
         )
-    });
-    let keys = limiter(
-        standalone(&server.url()),
-        |p| {
-            p.max_concurrent(64)
-                .min_delay(3 * MS)
-                .quota(40)
-                .window(window)
-        },
-        |b| b.cluster_concurrency(64),
-    )
-    .keys(&host("a.test"));
-    let start = Instant::now();
+    };
+    let replicas = replicas(&server, 3, make);
+    let keys = make(standalone(&server.url())).keys(&host("a.test"));
     let rec = drive_all(&replicas, &["a.test"], 4, 40, MS).await;
-    let took = start.elapsed();
     let reqs = rec.host("a.test");
     assert_eq!(reqs.len(), 480);
     let most = max_in_window(&reqs, window - SLACK);
     assert!(
         most <= 40,
         "{most} sends inside one {window:?} window, quota is 40"
-    );
-    // 480 admissions take at least 11 whole windows (sends 3 ms apart, so
-    // that the upstream's record is not a burst); buckets cost a little.
-    assert!(
-        took < window * 16,
-        "480 admissions of a 40 per {window:?} quota took {took:?}"
     );
     assert_eq!(server.command(&["TYPE", &keys.admits]).trim(), "+hash");
     let bytes: u64 = server

@@ -391,11 +391,11 @@ impl RedisLimiterBuilder {
     /// The margin is slack for sends that leave late: Redis admits each
     /// request at or after its slot, but a request whose process was busy
     /// when the admission arrived leaves later, and the next one (from
-    /// another replica) may then follow it by less than `min_delay`. One
-    /// millisecond keeps the gaps the upstream sees at `min_delay` on a
-    /// loaded machine; 100 µs gets 96 % of a 200-a-second pace (1 ms gets
-    /// about 80 %) where the client has cores to spare. See "Performance"
-    /// in the README for both, measured.
+    /// another replica) may then follow it by less than `min_delay`. A
+    /// millisecond absorbs the usual such delay on a loaded machine (not
+    /// a process stalled for longer); 100 µs gets 92-98 % of a
+    /// 200-a-second pace (1 ms about 84 %) where clients have cores to
+    /// spare. See "Performance" in the README for both, measured.
     pub fn slot_margin(mut self, margin: Duration) -> Self {
         self.slot_margin = margin;
         self
