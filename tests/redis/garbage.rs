@@ -131,3 +131,43 @@ async fn every_operation_heals_what_it_meets() {
     );
     assert!(start.elapsed() < 4 * LEASE);
 }
+
+/// A bucketed quota's state (large quotas) that does not parse is replaced
+/// like any other garbage: reported once, the host held for one lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_a_bucketed_quota_is_replaced_within_one_lease() {
+    let server = RedisServer::start();
+    let repairs = Arc::new(Repairs::default());
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.max_concurrent(4).quota(100).window(1000 * MS),
+        |b| {
+            b.cluster_concurrency(4)
+                .lease_ttl(LEASE)
+                .hooks(repairs.clone())
+        },
+    );
+    let keys = l.keys(&host("a.test"));
+    drop(
+        bounded(5, l.acquire_host("t", host("a.test"), None))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(50 * MS).await; // its release lands
+    assert_eq!(server.command(&["TYPE", &keys.admits]).trim(), "+hash");
+    server.command(&["HSET", &keys.admits, "12", "not a bucket"]);
+    let start = Instant::now();
+    let permit = bounded(5, l.acquire_host("t", host("a.test"), None))
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited + 10 * MS >= LEASE && waited < 4 * LEASE,
+        "admitted after {waited:?}"
+    );
+    assert_eq!(
+        repairs.0.lock().unwrap().as_slice(),
+        std::slice::from_ref(&keys.gate)
+    );
+    drop(permit);
+}

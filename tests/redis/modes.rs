@@ -168,6 +168,35 @@ async fn an_abandoned_admission_gives_its_bucketed_quota_unit_back() {
     );
 }
 
+/// An admission taken back gives back the gap it opened, but never a
+/// penalty given meanwhile, even one its gap already covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_admission_never_cancels_a_penalty() {
+    let server = RedisServer::start();
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.max_concurrent(4).min_delay(2000 * MS),
+        |b| b.cluster_concurrency(4),
+    );
+    let soon = || Some(tokio::time::Instant::now() + 300 * MS);
+    // Taken back alone: the host is free again at once.
+    l.acquire_host("t", host("a.test"), soon())
+        .await
+        .unwrap()
+        .abandon();
+    tokio::time::sleep(50 * MS).await; // the abandon lands
+    let again = l.acquire_host("t", host("a.test"), soon()).await.unwrap();
+    // A penalty inside its gap, then the admission is taken back.
+    l.penalize_host(host("a.test"), 1000 * MS).await.unwrap();
+    again.abandon();
+    tokio::time::sleep(50 * MS).await;
+    let held = l.acquire_host("t", host("a.test"), soon()).await;
+    assert!(
+        matches!(held, Err(Error::WaitBudget { .. })),
+        "the penalty was cancelled: {held:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn penalize_holds_the_host_on_every_replica_and_only_extends() {
     let server = RedisServer::start();

@@ -173,3 +173,42 @@ fn keyed_by_domain_rules_may_not_mix_serialized_and_lease_modes() {
             .is_ok()
     );
 }
+
+#[test]
+fn keyed_by_domain_rules_may_not_mix_exact_and_bucketed_quotas() {
+    use redislimit::{KeyBy, Policies, Rule};
+    let quota = |n| {
+        Pacing::builder()
+            .quota(n)
+            .window(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    };
+    let mixed = Policies::new(quota(10))
+        .with_rule(Rule::new("api.example.com", quota(5000)))
+        .unwrap();
+    let refused = RedisLimiter::builder(pool(), "domain")
+        .policies(mixed.clone().with_key_by(KeyBy::RegistrableDomain))
+        .build();
+    assert!(
+        matches!(&refused, Err(ConfigError::InvalidRule { rule, .. }) if rule == "api.example.com"),
+        "{refused:?}"
+    );
+    // Keyed by host, or with no quota beside a large one: allowed.
+    assert!(
+        RedisLimiter::builder(pool(), "domain")
+            .policies(mixed)
+            .build()
+            .is_ok()
+    );
+    let beside = Policies::new(Pacing::default())
+        .with_rule(Rule::new("api.example.com", quota(5000)))
+        .unwrap()
+        .with_key_by(KeyBy::RegistrableDomain);
+    assert!(
+        RedisLimiter::builder(pool(), "domain")
+            .policies(beside)
+            .build()
+            .is_ok()
+    );
+}

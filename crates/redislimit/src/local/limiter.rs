@@ -823,12 +823,10 @@ impl Drop for Place<'_> {
         if let Some(entry) = guard.hosts.get_mut(self.host)
             && let Some(pos) = entry.queue.iter().position(|w| w.id == self.id)
         {
-            let left = entry.queue.remove(pos);
-            // Those behind it may decide now: the next head, or one lighter
-            // than it that it kept waiting.
-            if pos == 0 || left.is_some_and(|w| w.weight > 1) {
-                entry.wake_turns();
-            }
+            entry.queue.remove(pos);
+            // Those behind it may decide now: the next head, or one behind
+            // that it kept from overtaking those ahead.
+            entry.wake_turns();
             guard.queued -= 1;
             guard.mark(self.host, self.inner.track_in_flight);
         }

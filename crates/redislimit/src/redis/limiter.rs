@@ -483,6 +483,20 @@ impl RedisLimiterBuilder {
                          or the other way round",
             });
         }
+        // ... and one quota record: kept per admission (up to
+        // EXACT_QUOTA_MAX) or in buckets, the same way for all of them.
+        let bucketed = |a: &Args| (a.quota > 0).then_some(a.bucket_us > 0);
+        if policies.key_by() == crate::KeyBy::RegistrableDomain
+            && let Some(first) = args.iter().find_map(bucketed)
+            && let Some(i) = (1..args.len()).find(|&i| bucketed(&args[i]) == Some(!first))
+        {
+            return Err(ConfigError::InvalidRule {
+                rule: policies.rules()[i - 1].pattern().to_owned(),
+                reason: "keyed by registrable domain, hosts of one domain share one quota record \
+                         in Redis: quotas of up to 16 per window (kept per admission) and larger \
+                         ones (kept in buckets) cannot be mixed",
+            });
+        }
         // The per-process cap of each policy, raised to its cluster cap.
         let local = policies.map(|i, pacing| {
             Pacing::default()
@@ -1530,9 +1544,12 @@ impl RoundTrip {
     /// Folds in one call's round trip (an eighth of the weight).
     fn observe(&self, rtt: Duration) {
         let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
-        let old = self.0.load(Ordering::Relaxed);
-        let new = if old == 0 { us } else { old - old / 8 + us / 8 };
-        self.0.store(new.max(1), Ordering::Relaxed);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                let new = if old == 0 { us } else { old - old / 8 + us / 8 };
+                Some(new.max(1))
+            });
     }
 
     /// The estimate (zero before the first call).

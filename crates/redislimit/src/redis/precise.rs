@@ -10,6 +10,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -28,11 +29,16 @@ pub(crate) async fn sleep(wait: Duration) {
     if Instant::now() >= until {
         return;
     }
+    let timer = *TIMER;
+    if !timer.started.load(Ordering::Acquire) {
+        // No timer thread: Tokio's timer, a tick late at most.
+        tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
+        return;
+    }
     let (tx, rx) = oneshot::channel();
-    TIMER.add(until, tx);
-    // A closed channel (the thread could not be started) ends the wait at
-    // once rather than never: the caller sends a moment early, never late
-    // by more than Tokio would have been.
+    timer.add(until, tx);
+    // The thread never drops an alarm before it is due; should it, the
+    // wait still ends, by Tokio's timer.
     if rx.await.is_err() {
         tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await;
     }
@@ -75,18 +81,24 @@ struct Alarms {
 struct Timer {
     alarms: Mutex<Alarms>,
     changed: Condvar,
+    /// Whether its thread runs.
+    started: AtomicBool,
 }
 
 static TIMER: LazyLock<&'static Timer> = LazyLock::new(|| {
     let timer: &'static Timer = Box::leak(Box::new(Timer {
         alarms: Mutex::default(),
         changed: Condvar::new(),
+        started: AtomicBool::new(false),
     }));
     let started = std::thread::Builder::new()
         .name("redislimit-timer".into())
         .spawn(move || timer.run());
-    if let Err(err) = started {
-        tracing::warn!(error = %err, "no timer thread: booked sends are timed by Tokio");
+    match started {
+        Ok(_) => timer.started.store(true, Ordering::Release),
+        Err(err) => {
+            tracing::warn!(error = %err, "no timer thread: waits for a slot are timed by Tokio");
+        }
     }
     timer
 });

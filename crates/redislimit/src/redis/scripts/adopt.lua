@@ -25,6 +25,9 @@ local nxt, holder, busy = number(state[1]), state[2], number(state[3])
 if nxt == nil or busy == nil then
   garbage()
 end
+-- The gap of this request, sent already, must outlast an abandoned
+-- admission's rollback (release.lua).
+redis.call('HDEL', gate, 'booked')
 nxt = math.max(nxt, sent + min_delay)
 if cap == 0 and holder and holder ~= token and busy > now then
   return 0

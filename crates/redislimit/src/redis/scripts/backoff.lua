@@ -26,6 +26,8 @@ local gap = number(state[2])
 if nxt == nil or gap == nil then
   garbage()
 end
+-- Its hold must outlast an abandoned admission's rollback (release.lua).
+redis.call('HDEL', gate, 'booked')
 if step == 1 then
   gap = math.min(math.max(gap * 2, start), max)
 else

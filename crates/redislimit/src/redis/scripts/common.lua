@@ -36,6 +36,23 @@ local function extend(key, us)
   end
 end
 
+-- Raised by a script that meets a value it cannot use (an unparseable
+-- number); caught by `guarded` like a command's WRONGTYPE.
+local GARBAGE = 'redislimit: garbage state'
+
+local function garbage()
+  error(GARBAGE)
+end
+
+-- Whether an error raised inside a script says the state is garbage (a
+-- key of the wrong type, a value that does not parse) rather than
+-- something else (out of memory, a script bug), which is raised on.
+local function is_garbage(err)
+  local msg = type(err) == 'table' and err.err or tostring(err)
+  return string.find(msg, 'WRONGTYPE', 1, true) ~= nil
+    or string.find(msg, GARBAGE, 1, true) ~= nil
+end
+
 -- The members a request of `weight` is kept as in a ZSET: its token, then
 -- token#2 .. token#weight (a token is hex, so these are never tokens).
 local function members(token, weight)
@@ -97,8 +114,8 @@ end
 -- (never the other way round): the quota is never exceeded, and a burst
 -- (one instant) is counted exactly.
 
--- The buckets of `admits` still counting at `now` (oldest first, as
--- {field, count, latest}), their total, and the fields that no longer count.
+-- The buckets of `admits` still counting at `now` (as {field, count,
+-- latest}), their total, and the fields that no longer count.
 local function buckets(admits, now, window)
   local raw = redis.call('HGETALL', admits)
   local live, stale, total = {}, {}, 0
@@ -116,7 +133,9 @@ local function buckets(admits, now, window)
       stale[#stale + 1] = raw[i]
     end
   end
-  table.sort(live, function(x, y) return x[1] < y[1] end)
+  -- Oldest first by their latest admission (rules of other windows that
+  -- share a key keep buckets of other widths beside these).
+  table.sort(live, function(x, y) return x[3] < y[3] end)
   return live, stale, total
 end
 
@@ -206,23 +225,6 @@ local function book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay
     zadd_all(leases, int(deadline), token, weight)
     extend(leases, deadline - now)
   end
-end
-
--- Raised by a script that meets a value it cannot use (an unparseable
--- number); caught by `guarded` like a command's WRONGTYPE.
-local GARBAGE = 'redislimit: garbage state'
-
-local function garbage()
-  error(GARBAGE)
-end
-
--- Whether an error raised inside a script says the state is garbage (a
--- key of the wrong type, a value that does not parse) rather than
--- something else (out of memory, a script bug), which is raised on.
-local function is_garbage(err)
-  local msg = type(err) == 'table' and err.err or tostring(err)
-  return string.find(msg, 'WRONGTYPE', 1, true) ~= nil
-    or string.find(msg, GARBAGE, 1, true) ~= nil
 end
 
 -- Replaces a host's state that is of the wrong type or unparseable (it can

@@ -15,6 +15,9 @@ local nxt = number(redis.call('HGET', gate, 'next'))
 if nxt == nil then
   garbage()
 end
+-- A hold the host's next send already covers must still outlast an
+-- abandoned admission's rollback of that send (see release.lua).
+redis.call('HDEL', gate, 'booked')
 local hold_until = now + hold
 if hold_until <= nxt then
   return 0
