@@ -2,11 +2,15 @@
 --
 -- KEYS[1] gate    HASH  next (no send before, µs), holder + busy (serialized
 --                       mode: the token sending now and its lease deadline),
---                       backoff (the adaptive backoff gap, µs; backoff.lua)
+--                       backoff (the adaptive backoff gap, µs; backoff.lua),
+--                       booked + booked_next + before (the latest admission
+--                       that moved next, what it set and what it found, so
+--                       an abandon can take its gap back; see book)
 -- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only; a
 --                       request of weight w is w members (see members)
 -- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only; w
---                       members for a request of weight w
+--                       members for a request of weight w; for a quota
+--                       above 16, a HASH of buckets instead (see buckets)
 -- KEYS[4] void    ZSET  token -> expiry (µs): acquires abandoned before
 --                       they ran, which must book nothing when they do run
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
