@@ -127,12 +127,7 @@ async fn a_large_quota_holds_in_every_window_in_bounded_state() {
         "{most} sends inside one {window:?} window, quota is 40"
     );
     assert_eq!(server.command(&["TYPE", &keys.admits]).trim(), "+hash");
-    let bytes: u64 = server
-        .command(&["MEMORY", "USAGE", &keys.admits])
-        .trim()
-        .trim_start_matches(':')
-        .parse()
-        .unwrap();
+    let bytes = server.memory_usage(&keys.admits);
     assert!(bytes <= 1024, "the quota state takes {bytes} bytes");
 }
 

@@ -236,6 +236,16 @@ impl RedisServer {
         self.exchange(args).0
     }
 
+    /// How many bytes `key` takes in the server (`MEMORY USAGE`); 0 when it
+    /// does not exist.
+    pub fn memory_usage(&self, key: &str) -> u64 {
+        self.command(&["MEMORY", "USAGE", key])
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap_or(0)
+    }
+
     /// Like [`RedisServer::command`], but parses the reply.
     pub fn query(&self, args: &[&str]) -> Reply {
         self.exchange(args).1

@@ -225,6 +225,16 @@ pub enum ConfigError {
         /// The smallest value accepted.
         min: Duration,
     },
+    /// A duration above the largest value that works with the others.
+    #[error("{field} of {value:?} is too long: at most {max:?}")]
+    TooLong {
+        /// The name of the field.
+        field: &'static str,
+        /// The value that was given.
+        value: Duration,
+        /// The largest value accepted.
+        max: Duration,
+    },
     /// A Redis URL or pool setting that the client refused.
     #[error("invalid Redis connection settings: {reason}")]
     InvalidRedis {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::hooks::WaitReport;
+use crate::limiter::{Unsent, heaviest};
 use crate::pacing::after;
 use crate::snapshot::{PacedBy, Snapshot, TopHosts};
 use crate::{
@@ -460,10 +461,7 @@ impl<P: Limiter> FallbackLimiter<P> {
         // A request heavier than this replica's share of the cap or quota
         // takes the whole share.
         let shared = limiter.policies().pacing_for(host);
-        let mut most = shared.max_concurrent();
-        if shared.quota() > 0 {
-            most = most.min(shared.quota());
-        }
+        let most = heaviest(shared.max_concurrent(), shared.quota());
         let request = request.with_weight(request.weight().min(most));
         let permit = limiter
             .acquire_with(engine, host.clone(), deadline, request)
@@ -555,25 +553,6 @@ fn joint<const N: usize>(host: HostKey, waited: Duration, parts: [Option<Permit>
             .flatten()
             .for_each(Permit::abandon);
     })
-}
-
-/// An in-process admission awaiting the primary's decision; abandoned
-/// (taken back) unless taken out.
-struct Provisional(Option<Permit>);
-
-impl Provisional {
-    /// Confirms the admission: it is no longer taken back.
-    fn take(mut self) -> Option<Permit> {
-        self.0.take()
-    }
-}
-
-impl Drop for Provisional {
-    fn drop(&mut self) {
-        if let Some(permit) = self.0.take() {
-            permit.abandon();
-        }
-    }
 }
 
 impl<P: Limiter + 'static> FallbackLimiter<P> {
@@ -759,12 +738,12 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             request
                 .check_weight(&key, limits.max_concurrent(), limits.quota())
                 .map_err(|e| report.fail(e))?;
-            let local = Provisional(Some(
+            let local = Unsent::new(
                 self.fallback
                     .acquire_with(engine, host.clone(), deadline, request.with_weight(1))
                     .await
                     .map_err(|e| report.fail(e))?,
-            ));
+            );
             // During an outage and just after it, take this replica's
             // turn (as the replicas still pacing in-process do) before
             // the primary is asked, so that an admission by the primary
@@ -773,11 +752,11 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             let turn = match self.shares.turns() {
                 Some(turns) => Some((
                     turns,
-                    Provisional(Some(
+                    Unsent::new(
                         self.share(turns, false, engine, &host, deadline, request)
                             .await
                             .map_err(|e| report.fail(e))?,
-                    )),
+                    ),
                 )),
                 None => None,
             };
@@ -889,12 +868,12 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
                 self.hooks.on_fallback(true);
             }
             // Taken back unless sent (a blown budget, a dropped future).
-            let local = Provisional(Some(
+            let local = Unsent::new(
                 self.fallback
                     .acquire_with(engine, host.clone(), deadline, request)
                     .await
                     .map_err(|e| report.fail(e))?,
-            ));
+            );
             let share = match plan {
                 Plan::Share { n, index } => Some(
                     self.share((n, index), true, engine, &host, deadline, request)

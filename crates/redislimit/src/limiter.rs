@@ -247,7 +247,7 @@ impl RequestPacing {
     /// Checks the weight against what a request must fit in under
     /// `pacing`: its in-flight cap `cap` and its quota.
     pub(crate) fn check_weight(&self, host: &HostKey, cap: u32, quota: u32) -> Result<u32, Error> {
-        let limit = if quota > 0 { cap.min(quota) } else { cap };
+        let limit = heaviest(cap, quota);
         if self.weight == 0 || self.weight > limit {
             return Err(Error::InvalidWeight {
                 host: host.to_string(),
@@ -257,6 +257,12 @@ impl RequestPacing {
         }
         Ok(self.weight)
     }
+}
+
+/// The largest weight a host with in-flight cap `cap` and `quota` (0: none)
+/// can ever admit.
+pub(crate) fn heaviest(cap: u32, quota: u32) -> u32 {
+    if quota > 0 { cap.min(quota) } else { cap }
 }
 
 impl Default for RequestPacing {
@@ -528,6 +534,32 @@ impl fmt::Debug for Permit {
             .field("host", &self.host)
             .field("waited", &self.waited)
             .finish_non_exhaustive()
+    }
+}
+
+/// An admission whose request has not left yet: abandoned (taken back, as
+/// a request never sent) if dropped before it is taken out. For an
+/// in-process admission awaiting a shared limiter's decision, and for a
+/// slot booked a moment ahead.
+pub(crate) struct Unsent(Option<Permit>);
+
+impl Unsent {
+    pub(crate) fn new(permit: Permit) -> Self {
+        Self(Some(permit))
+    }
+
+    /// Confirms the admission: it is no longer taken back. (Always `Some`:
+    /// only this, which consumes the guard, takes the permit out.)
+    pub(crate) fn take(mut self) -> Option<Permit> {
+        self.0.take()
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(permit) = self.0.take() {
+            permit.abandon();
+        }
     }
 }
 

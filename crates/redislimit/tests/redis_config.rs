@@ -152,31 +152,36 @@ fn a_lease_too_short_to_renew_is_refused() {
     );
 }
 
+/// The rule `policies` are refused for keyed by registrable domain, or
+/// `None` when they are accepted; and whether they are accepted keyed by
+/// host, where each host is its own state.
+fn refused_by_domain(policies: &redislimit::Policies) -> (Option<String>, bool) {
+    use redislimit::KeyBy;
+    let build =
+        |p: redislimit::Policies| RedisLimiter::builder(pool(), "domain").policies(p).build();
+    let refused = match build(policies.clone().with_key_by(KeyBy::RegistrableDomain)) {
+        Err(ConfigError::InvalidRule { rule, .. }) => Some(rule),
+        Err(other) => panic!("refused for another reason: {other:?}"),
+        Ok(_) => None,
+    };
+    (refused, build(policies.clone()).is_ok())
+}
+
 #[test]
 fn keyed_by_domain_rules_may_not_mix_serialized_and_lease_modes() {
-    use redislimit::{KeyBy, Policies, Rule};
+    use redislimit::{Policies, Rule};
     let mixed = Policies::new(Pacing::default())
         .with_rule(Rule::new("api.example.com", Pacing::default()).with_cluster_concurrency(3))
         .unwrap();
-    let refused = RedisLimiter::builder(pool(), "domain")
-        .policies(mixed.clone().with_key_by(KeyBy::RegistrableDomain))
-        .build();
-    assert!(
-        matches!(&refused, Err(ConfigError::InvalidRule { rule, .. }) if rule == "api.example.com"),
-        "{refused:?}"
-    );
-    // Keyed by host, each host is its own state: allowed.
-    assert!(
-        RedisLimiter::builder(pool(), "domain")
-            .policies(mixed)
-            .build()
-            .is_ok()
+    assert_eq!(
+        refused_by_domain(&mixed),
+        (Some("api.example.com".to_owned()), true)
     );
 }
 
 #[test]
 fn keyed_by_domain_rules_may_not_mix_exact_and_bucketed_quotas() {
-    use redislimit::{KeyBy, Policies, Rule};
+    use redislimit::{Policies, Rule};
     let quota = |n| {
         Pacing::builder()
             .quota(n)
@@ -187,28 +192,29 @@ fn keyed_by_domain_rules_may_not_mix_exact_and_bucketed_quotas() {
     let mixed = Policies::new(quota(10))
         .with_rule(Rule::new("api.example.com", quota(5000)))
         .unwrap();
-    let refused = RedisLimiter::builder(pool(), "domain")
-        .policies(mixed.clone().with_key_by(KeyBy::RegistrableDomain))
-        .build();
-    assert!(
-        matches!(&refused, Err(ConfigError::InvalidRule { rule, .. }) if rule == "api.example.com"),
-        "{refused:?}"
+    assert_eq!(
+        refused_by_domain(&mixed),
+        (Some("api.example.com".to_owned()), true)
     );
-    // Keyed by host, or with no quota beside a large one: allowed.
-    assert!(
-        RedisLimiter::builder(pool(), "domain")
-            .policies(mixed)
-            .build()
-            .is_ok()
-    );
+    // No quota beside a large one: nothing to mix.
     let beside = Policies::new(Pacing::default())
         .with_rule(Rule::new("api.example.com", quota(5000)))
-        .unwrap()
-        .with_key_by(KeyBy::RegistrableDomain);
-    assert!(
+        .unwrap();
+    assert_eq!(refused_by_domain(&beside), (None, true));
+}
+
+#[test]
+fn booking_further_ahead_than_a_lease_lives_is_refused() {
+    assert_eq!(
         RedisLimiter::builder(pool(), "domain")
-            .policies(beside)
+            .lease_ttl(Duration::from_secs(1))
+            .book_ahead(Duration::from_secs(2))
             .build()
-            .is_ok()
+            .unwrap_err(),
+        ConfigError::TooLong {
+            field: "book_ahead",
+            value: Duration::from_secs(2),
+            max: Duration::from_secs(1),
+        }
     );
 }

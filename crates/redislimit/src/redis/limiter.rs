@@ -18,6 +18,7 @@ use super::pool::{Connections, QueryError, RedisPool};
 use super::registry::{FallbackPolicy, Registry, RegistryPlan};
 use super::script::{ACQUIRE, ADOPT, BACKOFF, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
+use crate::limiter::{Unsent, heaviest};
 use crate::pacing::{after, micros};
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
@@ -437,9 +438,11 @@ impl RedisLimiterBuilder {
         micros("book_ahead", self.book_ahead)?;
         micros("slot_margin", self.slot_margin)?;
         if self.book_ahead > self.lease_ttl {
-            return Err(ConfigError::OutOfRange {
+            // A booked lease must outlive the wait for its slot.
+            return Err(ConfigError::TooLong {
                 field: "book_ahead",
                 value: self.book_ahead,
+                max: self.lease_ttl,
             });
         }
         if micros("concurrency_retry", concurrency_retry)? == 0 {
@@ -968,10 +971,13 @@ impl Shared {
                         return Ok(permit.waited_for(report.finish(WaitOutcome::Acquired)));
                     }
                     // Dropped before its slot, the booking is handed back.
-                    let unsent = Unsent(Some(permit));
+                    let unsent = Unsent::new(permit);
                     super::precise::sleep(ahead).await;
-                    let permit = unsent.take();
-                    return Ok(permit.waited_for(report.finish(WaitOutcome::Acquired)));
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    return unsent
+                        .take()
+                        .map(|permit| permit.waited_for(waited))
+                        .ok_or(Error::Closed);
                 }
                 Ok(Answer::Wait { wait, full }) => (wait, full),
                 Err(err) => {
@@ -1220,10 +1226,7 @@ impl Shared {
         let mut args = self.args[self.policies.index(&host)];
         // Admitted in-process under the same caps (see fallback_policies);
         // kept within them all the same.
-        args.weight = weight.clamp(1, args.cap.max(1));
-        if args.quota > 0 {
-            args.weight = args.weight.min(args.quota);
-        }
+        args.weight = weight.clamp(1, heaviest(args.cap.max(1), args.quota));
         let host = self.policies.key(&host);
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &host));
         let token = new_token();
@@ -1515,24 +1518,6 @@ impl<'a> Booking<'a> {
     /// connection after being sent (it may still run).
     fn settle<T>(mut self, answer: &Result<T, Error>) {
         self.armed = matches!(answer, Err(err) if may_have_run(err));
-    }
-}
-
-/// A permit booked for a send a moment ahead: abandoned (its booking handed
-/// back, as a request never sent) if dropped before it is taken.
-struct Unsent(Option<Permit>);
-
-impl Unsent {
-    fn take(mut self) -> Permit {
-        self.0.take().expect("taken once")
-    }
-}
-
-impl Drop for Unsent {
-    fn drop(&mut self) {
-        if let Some(permit) = self.0.take() {
-            permit.abandon();
-        }
     }
 }
 

@@ -167,14 +167,7 @@ pub(crate) async fn run() -> Vec<Figure> {
     let keys = quota.keys(&counted);
     let state_bytes: f64 = [&keys.gate, &keys.leases, &keys.admits, &keys.void]
         .iter()
-        .map(|key| {
-            let reply = server.command(&["MEMORY", "USAGE", key]);
-            reply
-                .trim()
-                .trim_start_matches(':')
-                .parse::<f64>()
-                .unwrap_or(0.0)
-        })
+        .map(|key| server.memory_usage(key) as f64)
         .sum();
 
     let params =
