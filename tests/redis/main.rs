@@ -11,6 +11,7 @@ mod degraded;
 mod faults;
 mod garbage;
 mod leases;
+mod model;
 mod modes;
 mod policies;
 mod renewal;

@@ -6,6 +6,8 @@
 //! - [`RedisCluster`]: three Cluster masters covering every slot;
 //! - [`RedisSentinel`]: a master, a replica and a Sentinel monitoring them;
 //! - [`resp`]: a tiny blocking RESP2 client to poke at them directly;
+//! - [`model`]: a reference model of one host's state in Redis, which the differential
+//!   test runs beside the real scripts;
 //! - [`Upstream`]: a real HTTP server on loopback that serves any host name and records
 //!   when each request arrived and when its response ended;
 //! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries (a stalled connection);
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod model;
 mod port;
 mod proxy;
 pub mod record;

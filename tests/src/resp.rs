@@ -84,6 +84,47 @@ pub fn query_tls(
     exchange_over(addr, args, timeout, Some(tls)).map(|(_, reply)| reply)
 }
 
+/// One plain-text connection kept open for many commands, for tests that send thousands
+/// (a fresh connection per command would run out of loopback ports).
+#[derive(Debug)]
+pub struct Connection {
+    reader: BufReader<TcpStream>,
+}
+
+impl Connection {
+    /// Connects to `addr`; `timeout` bounds the connect and every later read and write.
+    pub fn open(addr: SocketAddr, timeout: Duration) -> io::Result<Self> {
+        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends `args` as one command and reads its reply; an error reply is a
+    /// [`Reply::Error`], not an `Err`.
+    pub fn query(&mut self, args: &[&str]) -> io::Result<Reply> {
+        let stream = self.reader.get_mut();
+        stream.write_all(&encode(args))?;
+        stream.flush()?;
+        read_reply(&mut self.reader, &mut Vec::new())
+    }
+
+    /// Sends every command in `commands` at once, then reads their replies in order:
+    /// one round trip for all of them.
+    pub fn pipeline(&mut self, commands: &[Vec<&str>]) -> io::Result<Vec<Reply>> {
+        let bytes: Vec<u8> = commands.iter().flat_map(|args| encode(args)).collect();
+        let stream = self.reader.get_mut();
+        stream.write_all(&bytes)?;
+        stream.flush()?;
+        (0..commands.len())
+            .map(|_| read_reply(&mut self.reader, &mut Vec::new()))
+            .collect()
+    }
+}
+
 /// The RESP encoding of one command: an array of bulk strings.
 pub fn encode(args: &[&str]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();

@@ -1,0 +1,636 @@
+//! The scripts against the reference model ([`redislimit_tests::model`]): sequences of
+//! acquire, release, abandon, renew, penalize, backoff and adopt from several tokens, with clock
+//! advances and garbage written into the keys, run against the real scripts on a real
+//! `redis-server` and against the model. Every reply (admit, wait and how long, full,
+//! voided, healed), the state each call leaves (`next`, the sizes of the sets) and every
+//! key's expiry (it outlives the state it protects) must agree, step by step.
+//!
+//! The clock: the scripts read the server's `TIME` in `clock()` (common.lua). Here each
+//! script is loaded with a test-only prelude between common.lua and the operation that
+//! defines `clock()` again, reading the microseconds from the key [`CLOCK`], which the
+//! test sets before every call. The prelude exists only in this file; the library's
+//! scripts and the sources it loads are untouched, so release builds have no way to
+//! set the clock.
+//!
+//! `REDISLIMIT_MODEL_CASES` sets the number of sequences (2,000 by default); a longer
+//! run is `REDISLIMIT_MODEL_CASES=100000 cargo xtask test --test redis model`.
+//!
+//! The test of the test: [`a_broken_script_is_caught`] runs the same property against
+//! copies of the scripts with one deliberate bug each (an off-by-one in the quota
+//! window, a missing void check, a dead holder's gap forgotten) and demands that each
+//! is found.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use redislimit_tests::RedisServer;
+use redislimit_tests::model::{Key, Model, Policy, Us};
+use redislimit_tests::resp::{Connection, DEFAULT_TIMEOUT, Reply};
+
+const COMMON: &str = include_str!("../../crates/redislimit/src/redis/scripts/common.lua");
+const ACQUIRE: &str = include_str!("../../crates/redislimit/src/redis/scripts/acquire.lua");
+const RELEASE: &str = include_str!("../../crates/redislimit/src/redis/scripts/release.lua");
+const RENEW: &str = include_str!("../../crates/redislimit/src/redis/scripts/renew.lua");
+const PENALIZE: &str = include_str!("../../crates/redislimit/src/redis/scripts/penalize.lua");
+const BACKOFF: &str = include_str!("../../crates/redislimit/src/redis/scripts/backoff.lua");
+const ADOPT: &str = include_str!("../../crates/redislimit/src/redis/scripts/adopt.lua");
+
+/// The key the test prelude reads the clock from.
+const CLOCK: &str = "redislimit-model:clock";
+
+/// Defines `clock()` again, after common.lua: the scripts' every later call reads it.
+const PRELUDE: &str = "
+-- Test only: the clock is the number in a key the test sets, not TIME.
+local function clock()
+  return tonumber(redis.call('GET', 'redislimit-model:clock'))
+end
+";
+
+/// The host's keys, in `KEYS` order.
+const KEYS: [&str; 4] = ["m{h}:gate", "m{h}:leases", "m{h}:admits", "m{h}:void"];
+
+/// The operation scripts, as the library has them or with one bug put in.
+#[derive(Debug, Clone)]
+struct Sources {
+    acquire: String,
+    release: String,
+    renew: String,
+    penalize: String,
+    backoff: String,
+    adopt: String,
+}
+
+impl Sources {
+    fn real() -> Self {
+        Self {
+            acquire: ACQUIRE.to_owned(),
+            release: RELEASE.to_owned(),
+            renew: RENEW.to_owned(),
+            penalize: PENALIZE.to_owned(),
+            backoff: BACKOFF.to_owned(),
+            adopt: ADOPT.to_owned(),
+        }
+    }
+
+    /// The real sources with `from` replaced by `to` in acquire.lua; `from` must occur
+    /// exactly once, so a change to the script cannot make the mutant the real thing.
+    fn acquire_with(from: &str, to: &str) -> Self {
+        assert_eq!(
+            ACQUIRE.matches(from).count(),
+            1,
+            "acquire.lua no longer contains {from:?} once: update the mutant"
+        );
+        Self {
+            acquire: ACQUIRE.replace(from, to),
+            ..Self::real()
+        }
+    }
+}
+
+/// The SHA-1s of the loaded scripts.
+struct Loaded {
+    acquire: String,
+    release: String,
+    renew: String,
+    penalize: String,
+    backoff: String,
+    adopt: String,
+}
+
+fn load(conn: &mut Connection, sources: &Sources) -> Loaded {
+    let mut load = |body: &str| {
+        let source = format!("{COMMON}{PRELUDE}{body}");
+        match conn.query(&["SCRIPT", "LOAD", &source]).unwrap() {
+            Reply::Bulk(Some(sha)) => sha,
+            other => panic!("SCRIPT LOAD failed: {other:?}"),
+        }
+    };
+    Loaded {
+        acquire: load(&sources.acquire),
+        release: load(&sources.release),
+        renew: load(&sources.renew),
+        penalize: load(&sources.penalize),
+        backoff: load(&sources.backoff),
+        adopt: load(&sources.adopt),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Sleep {
+    /// As long as the last acquire said (its wait, or how far ahead its slot was).
+    AsTold,
+    /// One microsecond less than that.
+    JustShort,
+    /// A given time.
+    By(Us),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Acquire(usize),
+    Release(usize),
+    /// With `known`, the caller saw the admission and passes its instant.
+    Abandon {
+        req: usize,
+        known: bool,
+    },
+    Renew(usize),
+    Penalize(Us),
+    /// An overload signal (widen) or a success (narrow) for the adaptive backoff.
+    Backoff {
+        widen: bool,
+    },
+    /// A request sent this long ago without Redis is counted.
+    Adopt {
+        req: usize,
+        ago: Us,
+    },
+    Sleep(Sleep),
+    Corrupt(Key),
+    CorruptNext,
+}
+
+/// One sequence: a policy, the weights of its requests, where the clock starts, and
+/// what happens.
+#[derive(Debug, Clone)]
+struct Case {
+    policy: Policy,
+    /// The adaptive backoff's first and largest gap.
+    backoff: (Us, Us),
+    weights: Vec<u32>,
+    start: Us,
+    ops: Vec<Op>,
+}
+
+const REQUESTS: usize = 4;
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (
+        0u32..=3,
+        prop_oneof![Just(0i64), 1i64..=4_000],
+        1_000i64..=20_000,
+        prop_oneof![Just(0u32), 1u32..=4, 17u32..=24],
+        1_000i64..=40_000,
+        1_000i64..=60_000,
+        prop_oneof![Just(0i64), 1i64..=4_000],
+    )
+        .prop_map(
+            |(cap, min_delay, lease_ttl, quota, window, max_wait, horizon)| Policy {
+                cap,
+                // Serialized mode needs a gap (the limiter refuses 0).
+                min_delay: if cap == 0 {
+                    min_delay.max(1)
+                } else {
+                    min_delay
+                },
+                lease_ttl,
+                quota,
+                window,
+                max_wait,
+                horizon,
+                // As the limiter chooses: buckets above 16 per window, 32 of them.
+                bucket: if quota > 16 { (window + 31) / 32 } else { 0 },
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let req = 0..REQUESTS;
+    prop_oneof![
+        20 => req.clone().prop_map(Op::Acquire),
+        6 => req.clone().prop_map(Op::Release),
+        6 => (req.clone(), any::<bool>()).prop_map(|(req, known)| Op::Abandon { req, known }),
+        4 => req.prop_map(Op::Renew),
+        2 => (0i64..=20_000).prop_map(Op::Penalize),
+        2 => any::<bool>().prop_map(|widen| Op::Backoff { widen }),
+        2 => (0..REQUESTS, 0i64..=40_000).prop_map(|(req, ago)| Op::Adopt { req, ago }),
+        10 => Just(Op::Sleep(Sleep::AsTold)),
+        4 => Just(Op::Sleep(Sleep::JustShort)),
+        6 => prop_oneof![1i64..=10, 0i64..=30_000].prop_map(|d| Op::Sleep(Sleep::By(d))),
+        1 => prop_oneof![
+            Just(Key::Gate),
+            Just(Key::Leases),
+            Just(Key::Admits),
+            Just(Key::Void)
+        ]
+        .prop_map(Op::Corrupt),
+        1 => Just(Op::CorruptNext),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    policy().prop_flat_map(|policy| {
+        // The heaviest request the limiter lets through: one slot in serialized mode,
+        // else no more than the cap or the quota.
+        let heaviest = match (policy.cap, policy.quota) {
+            (0, _) => 1,
+            (cap, 0) => cap,
+            (cap, quota) => cap.min(quota),
+        };
+        (
+            Just(policy),
+            (100i64..=5_000, 0i64..=15_000).prop_map(|(start, more)| (start, start + more)),
+            prop::collection::vec(1..=heaviest, REQUESTS),
+            // Around the real clock's microseconds, so the numbers are as large as TIME's.
+            1_700_000_000_000_000i64..1_800_000_000_000_000,
+            prop::collection::vec(op(), 1..48),
+        )
+            .prop_map(|(policy, backoff, weights, start, ops)| Case {
+                policy,
+                backoff,
+                weights,
+                start,
+                ops,
+            })
+    })
+}
+
+/// How often each kind of answer was seen over a run.
+#[derive(Debug, Default)]
+struct Seen {
+    admitted: usize,
+    booked_ahead: usize,
+    waited: usize,
+    full: usize,
+    voided: usize,
+    healed: usize,
+    released: usize,
+    renewed: usize,
+    penalized: usize,
+    backed_off: usize,
+    adopted: usize,
+}
+
+fn token(req: usize) -> String {
+    format!("{:02x}", req + 0xa0)
+}
+
+fn int(reply: &Reply) -> Option<i64> {
+    match reply {
+        Reply::Integer(n) => Some(*n),
+        Reply::Bulk(None) => Some(0),
+        Reply::Bulk(Some(text)) => text.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Runs `case` against the model and the scripts `loaded`, failing at the first
+/// disagreement.
+fn run(
+    conn: &mut Connection,
+    loaded: &Loaded,
+    case: &Case,
+    seen: &mut Seen,
+) -> Result<(), TestCaseError> {
+    let p = case.policy;
+    let mut model = Model::new(p);
+    let mut now = case.start;
+    let mut told: Us = 0;
+    let mut admitted_at: HashMap<usize, Us> = HashMap::new();
+    let flush = conn.query(&["FLUSHDB"]).unwrap();
+    prop_assert_eq!(flush, Reply::Simple("OK".into()));
+
+    for (step, &op) in case.ops.iter().enumerate() {
+        let mut call: Vec<String> = Vec::new();
+        let eval = |sha: &str, args: &[String]| -> Vec<String> {
+            let mut c = vec!["EVALSHA".to_owned(), sha.to_owned(), "4".to_owned()];
+            c.extend(KEYS.iter().map(|k| (*k).to_owned()));
+            c.extend_from_slice(args);
+            c
+        };
+        let weight = |req: usize| case.weights[req];
+        let s = |n: i64| n.to_string();
+        // What the model answers, and the call that asks the script the same.
+        let expected: Vec<i64> = match op {
+            Op::Acquire(req) => {
+                let w = weight(req);
+                call = eval(
+                    &loaded.acquire,
+                    &[
+                        token(req),
+                        s(p.min_delay),
+                        s(p.cap.into()),
+                        s(p.lease_ttl),
+                        s(p.quota.into()),
+                        s(p.window),
+                        s(p.max_wait),
+                        s(w.into()),
+                        s(p.horizon),
+                        s(p.bucket),
+                    ],
+                );
+                let reply = model.acquire(now, &token(req), w);
+                match reply {
+                    [1, _, ahead] => {
+                        told = ahead;
+                        admitted_at.insert(req, now + ahead);
+                        seen.admitted += 1;
+                        if ahead > 0 {
+                            seen.booked_ahead += 1;
+                        }
+                    }
+                    [0, wait, kind] => {
+                        told = wait;
+                        match kind {
+                            0 => seen.waited += 1,
+                            1 => seen.full += 1,
+                            2 => seen.voided += 1,
+                            _ => seen.healed += 1,
+                        }
+                    }
+                    _ => unreachable!("the model answers 0 or 1"),
+                }
+                reply.to_vec()
+            }
+            Op::Release(req) | Op::Abandon { req, .. } => {
+                let abandoned = matches!(op, Op::Abandon { .. });
+                let at = match op {
+                    Op::Abandon { known: true, .. } => admitted_at.get(&req).copied().unwrap_or(0),
+                    _ => 0,
+                };
+                let w = weight(req);
+                call = eval(
+                    &loaded.release,
+                    &[
+                        token(req),
+                        s(p.min_delay),
+                        s(p.cap.into()),
+                        s(i64::from(abandoned)),
+                        s(p.lease_ttl),
+                        s(w.into()),
+                        s(p.bucket),
+                        s(at),
+                    ],
+                );
+                let held = model.release(now, &token(req), w, abandoned, at);
+                seen.released += usize::try_from(held).unwrap_or(0);
+                vec![held]
+            }
+            Op::Renew(req) => {
+                let w = weight(req);
+                call = eval(
+                    &loaded.renew,
+                    &[
+                        token(req),
+                        s(p.cap.into()),
+                        s(p.lease_ttl),
+                        s(p.min_delay),
+                        s(w.into()),
+                    ],
+                );
+                let renewed = model.renew(now, &token(req), w);
+                seen.renewed += usize::try_from(renewed).unwrap_or(0);
+                vec![renewed]
+            }
+            Op::Penalize(hold) => {
+                call = eval(&loaded.penalize, &[s(hold), s(p.lease_ttl)]);
+                let extended = model.penalize(now, hold);
+                seen.penalized += usize::try_from(extended).unwrap_or(0);
+                vec![extended]
+            }
+            Op::Backoff { widen } => {
+                let (start, max) = case.backoff;
+                call = eval(
+                    &loaded.backoff,
+                    &[
+                        s(if widen { 1 } else { 2 }),
+                        s(start),
+                        s(max),
+                        s(p.lease_ttl),
+                    ],
+                );
+                let gap = model.backoff(now, widen, start, max);
+                seen.backed_off += usize::from(gap > 0);
+                vec![gap]
+            }
+            Op::Adopt { req, ago } => {
+                let w = weight(req);
+                call = eval(
+                    &loaded.adopt,
+                    &[
+                        token(req),
+                        s(p.cap.into()),
+                        s(p.lease_ttl),
+                        s(p.min_delay),
+                        s(ago),
+                        s(p.quota.into()),
+                        s(p.window),
+                        s(w.into()),
+                        s(p.bucket),
+                    ],
+                );
+                let adopted = model.adopt(now, &token(req), w, ago);
+                seen.adopted += usize::try_from(adopted).unwrap_or(0);
+                vec![adopted]
+            }
+            Op::Sleep(sleep) => {
+                now += match sleep {
+                    Sleep::AsTold => told,
+                    Sleep::JustShort => (told - 1).max(0),
+                    Sleep::By(d) => d,
+                };
+                Vec::new()
+            }
+            Op::Corrupt(key) => {
+                model.corrupt(key);
+                call = ["SET", KEYS[key as usize], "garbage"]
+                    .map(str::to_owned)
+                    .to_vec();
+                Vec::new()
+            }
+            Op::CorruptNext => {
+                model.corrupt_next();
+                call = ["HSET", KEYS[0], "next", "not-a-number"]
+                    .map(str::to_owned)
+                    .to_vec();
+                Vec::new()
+            }
+        };
+
+        // One round trip: the clock, the call, then what the state looks like after it.
+        let now_text = now.to_string();
+        let mut commands: Vec<Vec<&str>> = vec![vec!["SET", CLOCK, &now_text]];
+        let calls = !call.is_empty();
+        if calls {
+            commands.push(call.iter().map(String::as_str).collect());
+        }
+        for key in KEYS {
+            commands.push(vec!["PTTL", key]);
+        }
+        commands.push(vec!["HGET", KEYS[0], "next"]);
+        commands.push(vec!["HGET", KEYS[0], "backoff"]);
+        commands.push(vec!["ZCARD", KEYS[1]]);
+        commands.push(vec!["ZCARD", KEYS[3]]);
+        if p.bucket == 0 {
+            commands.push(vec!["ZCARD", KEYS[2]]);
+        } else {
+            commands.push(vec!["HLEN", KEYS[2]]);
+        }
+        let replies = conn.pipeline(&commands).unwrap();
+        let mut replies = replies.into_iter().skip(1);
+        let context = || format!("step {step} ({op:?}) of {case:#?}");
+
+        if calls {
+            let reply = replies.next().unwrap();
+            if !expected.is_empty() {
+                let got: Option<Vec<i64>> = match &reply {
+                    Reply::Integer(n) => Some(vec![*n]),
+                    Reply::Array(Some(items)) => items.iter().map(int).collect(),
+                    _ => None,
+                };
+                prop_assert_eq!(
+                    got.as_deref(),
+                    Some(expected.as_slice()),
+                    "the script answered {:?}, the model {:?} at {}",
+                    reply,
+                    expected,
+                    context()
+                );
+            }
+        }
+
+        let pttls: Vec<Reply> = replies.by_ref().take(4).collect();
+        for (key, pttl) in Key::ALL.into_iter().zip(&pttls) {
+            let corrupt = model.is_corrupt(key) || (key == Key::Gate && model.gate_unparseable());
+            if corrupt {
+                continue;
+            }
+            let pttl = int(pttl).unwrap_or(-3);
+            prop_assert!(pttl != -1, "{key:?} has no expiry at {}", context());
+            let needed = model.needed(key, now);
+            if needed > 0 {
+                prop_assert!(
+                    pttl * 1000 >= needed,
+                    "{key:?} expires in {pttl} ms but its state matters for {needed} µs at {}",
+                    context()
+                );
+            }
+        }
+
+        let [next, backoff, leases, void, admits]: [Reply; 5] =
+            replies.collect::<Vec<_>>().try_into().unwrap();
+        let state = model.state();
+        if !model.is_corrupt(Key::Gate) && !model.gate_unparseable() {
+            prop_assert_eq!(int(&next), Some(state.next), "next at {}", context());
+            prop_assert_eq!(
+                int(&backoff),
+                Some(state.backoff),
+                "backoff at {}",
+                context()
+            );
+        }
+        if !model.is_corrupt(Key::Leases) {
+            prop_assert_eq!(int(&leases), Some(state.leases), "leases at {}", context());
+        }
+        if !model.is_corrupt(Key::Void) {
+            prop_assert_eq!(int(&void), Some(state.void), "voids at {}", context());
+        }
+        if !model.is_corrupt(Key::Admits) {
+            prop_assert_eq!(int(&admits), Some(state.admits), "admits at {}", context());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cases` sequences against `sources` on a fresh server; the error is the
+/// smallest failing sequence proptest found.
+fn check(
+    sources: &Sources,
+    cases: u32,
+    rng: Option<TestRng>,
+) -> (Result<(), TestError<Case>>, Seen) {
+    let server = RedisServer::start();
+    let conn = RefCell::new(Connection::open(server.addr(), DEFAULT_TIMEOUT).unwrap());
+    let loaded = load(&mut conn.borrow_mut(), sources);
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 512,
+        ..Config::default()
+    };
+    let mut runner = match rng {
+        Some(rng) => TestRunner::new_with_rng(config, rng),
+        None => TestRunner::new(config),
+    };
+    let seen = RefCell::new(Seen::default());
+    let result = runner.run(&case(), |case| {
+        run(
+            &mut conn.borrow_mut(),
+            &loaded,
+            &case,
+            &mut seen.borrow_mut(),
+        )
+    });
+    (result, seen.into_inner())
+}
+
+fn cases() -> u32 {
+    std::env::var("REDISLIMIT_MODEL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2_000)
+}
+
+#[test]
+fn the_scripts_answer_as_the_model_does() {
+    let cases = cases();
+    let (result, seen) = check(&Sources::real(), cases, None);
+    if let Err(failure) = result {
+        panic!("the scripts and the model disagree: {failure}");
+    }
+    println!("{cases} sequences: {seen:?}");
+    // The sequences reached every kind of answer, many times over.
+    let floor = usize::try_from(cases / 20).unwrap();
+    for (what, n) in [
+        ("admitted", seen.admitted),
+        ("booked ahead", seen.booked_ahead),
+        ("told to wait", seen.waited),
+        ("refused as full", seen.full),
+        ("voided", seen.voided),
+        ("healed", seen.healed),
+        ("released while held", seen.released),
+        ("renewed", seen.renewed),
+        ("penalized", seen.penalized),
+        ("backing off", seen.backed_off),
+        ("adopted", seen.adopted),
+    ] {
+        assert!(
+            n >= floor,
+            "only {n} answers {what} in {cases} sequences: {seen:?}"
+        );
+    }
+}
+
+/// The property fails on copies of the scripts with one bug each: it can fail.
+#[test]
+fn a_broken_script_is_caught() {
+    let mutants = [
+        (
+            "the quota's window ends a microsecond early",
+            Sources::acquire_with(
+                "tonumber(oldest[2]) + window - now",
+                "tonumber(oldest[2]) + window - now - 1",
+            ),
+        ),
+        (
+            "an abandoned acquire is not checked for",
+            Sources::acquire_with("if voided then", "if false then"),
+        ),
+        (
+            "a dead holder's gap is forgotten",
+            Sources::acquire_with("nxt = math.max(nxt, busy + min_delay)", "nxt = nxt"),
+        ),
+    ];
+    for (bug, sources) in mutants {
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+        match check(&sources, 2_000, Some(rng)).0 {
+            Err(TestError::Fail(reason, case)) => {
+                println!("{bug}: caught with {} steps: {reason}", case.ops.len());
+            }
+            Err(other) => panic!("{bug}: the run ended without a verdict: {other}"),
+            Ok(()) => panic!("{bug}: 2,000 sequences did not notice the bug"),
+        }
+    }
+}
