@@ -11,8 +11,10 @@ mod faults;
 mod lifecycle;
 mod metrics;
 mod modes;
+mod nginx;
 mod policies;
 mod robots;
+mod skew;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,60 +1,146 @@
-//! Makes sure the Redis binaries the integration tests spawn are installed (apt-get as root).
+//! Makes sure the programs the integration tests spawn are installed (apt-get as root):
+//! the Redis servers, nginx (the judge of the crawl's politeness, `tests/crawl/nginx.rs`)
+//! and faketime (a crawl replica with a skewed clock, `tests/crawl/skew.rs`).
 
 use std::{
     env,
     os::unix::fs::PermissionsExt,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
-/// The programs the test harness starts.
-const BINARIES: [&str; 3] = ["redis-server", "redis-cli", "redis-sentinel"];
+/// A program the tests start.
+#[derive(Debug, Clone, Copy)]
+struct Program {
+    /// Its file name.
+    name: &'static str,
+    /// The Debian package that provides it.
+    package: &'static str,
+    /// Another package to try when that one cannot be installed (newer Debian releases
+    /// may drop a package such as `nginx-light`).
+    fallback: Option<&'static str>,
+    /// Whether the tests also look for it in [`SBIN_DIRS`] (they start the others by
+    /// name, from `PATH`).
+    sbin: bool,
+}
 
-/// The Debian packages that provide [`BINARIES`].
-const PACKAGES: [&str; 3] = ["redis-server", "redis-tools", "redis-sentinel"];
+impl Program {
+    const fn new(name: &'static str, package: &'static str, sbin: bool) -> Self {
+        Self {
+            name,
+            package,
+            fallback: None,
+            sbin,
+        }
+    }
 
-/// Succeeds when every binary is on `PATH`, installing them with apt-get first when some
-/// are missing and we are root. The error is a paragraph for the user.
+    /// The same, with a `fallback` package.
+    const fn or(self, fallback: &'static str) -> Self {
+        Self {
+            fallback: Some(fallback),
+            ..self
+        }
+    }
+
+    /// Where it is, when it is installed where the tests look for it.
+    fn find(self) -> Option<PathBuf> {
+        find_on_path(self.name).or_else(|| {
+            self.sbin
+                .then(|| find_in(self.name, SBIN_DIRS.iter().map(PathBuf::from)))
+                .flatten()
+        })
+    }
+}
+
+/// The programs the tests start.
+const PROGRAMS: [Program; 5] = [
+    Program::new("redis-server", "redis-server", false),
+    Program::new("redis-cli", "redis-tools", false),
+    Program::new("redis-sentinel", "redis-sentinel", false),
+    Program::new("nginx", "nginx-light", true).or("nginx"),
+    Program::new("faketime", "faketime", false),
+];
+
+/// Where a program marked `sbin` is looked for after `PATH`: Debian installs `nginx` in
+/// `/usr/sbin`, which is not on a non-root user's `PATH`; a build from source installs it
+/// in `/usr/local/nginx/sbin`. `tests/crawl/nginx.rs` looks in the same places.
+const SBIN_DIRS: [&str; 4] = [
+    "/usr/sbin",
+    "/usr/local/sbin",
+    "/sbin",
+    "/usr/local/nginx/sbin",
+];
+
+/// Succeeds when every program of [`PROGRAMS`] is found where the tests look for it,
+/// installing the packages of the missing ones with apt-get first when we are root. The
+/// error is a paragraph for the user.
 pub(crate) fn ensure_installed() -> Result<(), String> {
-    let missing = missing_binaries();
+    let missing = missing_programs();
     if missing.is_empty() {
         println!("all found");
         return Ok(());
     }
-    println!("missing: {}", missing.join(", "));
+    println!("missing: {}", names(&missing));
 
     let why_not = if !is_root() {
         Some("not running as root, so they were not installed automatically")
     } else if find_on_path("apt-get").is_none() {
         Some("apt-get is not available, so they were not installed automatically")
     } else {
-        install();
+        install(&missing);
         None
     };
 
-    let missing = missing_binaries();
+    let missing = missing_programs();
     if missing.is_empty() {
         println!("all found");
         return Ok(());
     }
-    let why = why_not.unwrap_or("installing them with apt-get did not put them on PATH");
+    let why = why_not.unwrap_or("installing them with apt-get did not make them appear there");
     Err(format!(
-        "{} not found on PATH ({why}). The integration tests start real Redis processes and \
-         need redis-server, redis-cli and redis-sentinel: install them with `apt-get install \
-         {}` (Debian/Ubuntu, as root), or the equivalent packages or build from redis.io, \
-         then rerun `cargo xtask test`.",
-        missing.join(", "),
-        PACKAGES.join(" "),
+        "{} not found on PATH (nginx: nor in {}) ({why}). The integration tests start \
+         real Redis processes (redis-server, redis-cli, redis-sentinel), nginx (which judges \
+         the crawl's pacing) and faketime (for replicas with a skewed clock): install them \
+         with `apt-get install {}` (Debian/Ubuntu, as root; `nginx` where there is no \
+         `nginx-light`), or the equivalent packages (Redis can also be built from \
+         redis.io), then rerun `cargo xtask test`.",
+        names(&missing),
+        SBIN_DIRS.join(", "),
+        packages(&PROGRAMS).join(" "),
     ))
 }
 
-/// Runs `apt-get update` and `apt-get install` for [`PACKAGES`]. Failures are reported but
-/// not fatal: the caller checks `PATH` again afterwards, which is what counts.
-fn install() {
+/// The names of `programs`, comma-separated.
+fn names(programs: &[Program]) -> String {
+    programs
+        .iter()
+        .map(|program| program.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The packages that provide `programs`, each once.
+fn packages(programs: &[Program]) -> Vec<&'static str> {
+    let mut packages: Vec<&str> = Vec::new();
+    for program in programs {
+        if !packages.contains(&program.package) {
+            packages.push(program.package);
+        }
+    }
+    packages
+}
+
+/// Runs `apt-get update` and `apt-get install` for the packages of the `missing`
+/// programs. When installing them together fails (one unknown package fails them all),
+/// each program still missing is tried alone, then with its fallback package. Failures
+/// are reported but not fatal: the caller looks for the programs again afterwards, which
+/// is what counts.
+fn install(missing: &[Program]) {
+    let packages = packages(missing);
     println!(
-        "installing {} with apt-get (Debian may start a system redis service; harmless, the \
-         tests use their own free ports)",
-        PACKAGES.join(" ")
+        "installing {} with apt-get (Debian may start a system redis or nginx service; \
+         harmless, the tests use their own free ports)",
+        packages.join(" ")
     );
     let update = apt_get().arg("update").status();
     match update {
@@ -62,14 +148,38 @@ fn install() {
         Ok(status) => eprintln!("warning: `apt-get update` exited with {status}"),
         Err(e) => eprintln!("warning: could not run `apt-get update`: {e}"),
     }
+    if apt_get_install(&packages) {
+        return;
+    }
+    for program in missing_programs() {
+        let tried = apt_get_install(&[program.package]);
+        if !tried && let Some(fallback) = program.fallback {
+            println!("trying {fallback} for {} instead", program.name);
+            apt_get_install(&[fallback]);
+        }
+    }
+}
+
+/// `apt-get install -y --no-install-recommends packages`; whether it succeeded (a
+/// failure is reported as a warning).
+fn apt_get_install(packages: &[&str]) -> bool {
     let install = apt_get()
         .args(["install", "-y", "--no-install-recommends"])
-        .args(PACKAGES)
+        .args(packages)
         .status();
     match install {
-        Ok(status) if status.success() => {}
-        Ok(status) => eprintln!("warning: `apt-get install` exited with {status}"),
-        Err(e) => eprintln!("warning: could not run `apt-get install`: {e}"),
+        Ok(status) if status.success() => true,
+        Ok(status) => {
+            eprintln!(
+                "warning: `apt-get install {}` exited with {status}",
+                packages.join(" ")
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!("warning: could not run `apt-get install`: {e}");
+            false
+        }
     }
 }
 
@@ -80,10 +190,11 @@ fn apt_get() -> Command {
     cmd
 }
 
-fn missing_binaries() -> Vec<&'static str> {
-    BINARIES
+/// The entries of [`PROGRAMS`] whose program is not found.
+fn missing_programs() -> Vec<Program> {
+    PROGRAMS
         .into_iter()
-        .filter(|name| find_on_path(name).is_none())
+        .filter(|program| program.find().is_none())
         .collect()
 }
 
@@ -98,18 +209,27 @@ fn is_root() -> bool {
 /// The first executable file called `name` in a `PATH` directory.
 fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = env::var_os("PATH")?;
-    env::split_paths(&path)
+    find_in(name, env::split_paths(&path))
+}
+
+/// The first executable file called `name` in one of `dirs`.
+fn find_in(name: &str, dirs: impl IntoIterator<Item = PathBuf>) -> Option<PathBuf> {
+    dirs.into_iter()
         .map(|dir| dir.join(name))
-        .find(|candidate| {
-            candidate
-                .metadata()
-                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-        })
+        .find(|candidate| is_executable(candidate))
+}
+
+/// A file with an execute bit.
+fn is_executable(path: &Path) -> bool {
+    path.metadata()
+        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::find_on_path;
+    use std::path::PathBuf;
+
+    use super::{PROGRAMS, Program, find_in, find_on_path, packages};
 
     #[test]
     fn finds_a_program_every_system_has() {
@@ -119,5 +239,27 @@ mod tests {
     #[test]
     fn does_not_find_a_program_that_does_not_exist() {
         assert!(find_on_path("redislimit-no-such-program").is_none());
+        assert!(
+            Program::new("redislimit-no-such-program", "p", true)
+                .find()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn looks_in_the_directories_it_is_given() {
+        assert!(find_in("sh", [PathBuf::from("/bin")]).is_some());
+        assert!(find_in("sh", [PathBuf::from("/nonexistent")]).is_none());
+    }
+
+    #[test]
+    fn each_package_is_installed_once() {
+        assert_eq!(packages(&PROGRAMS).len(), PROGRAMS.len());
+        let shared = [
+            Program::new("a", "p", false),
+            Program::new("b", "p", false),
+            Program::new("c", "q", false),
+        ];
+        assert_eq!(packages(&shared), ["p", "q"]);
     }
 }
