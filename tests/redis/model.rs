@@ -634,3 +634,26 @@ fn a_broken_script_is_caught() {
         }
     }
 }
+
+/// The prelude sets the time for every script only while the scripts read it through
+/// `clock()` alone: one `TIME` call in common.lua, none in the operations.
+#[test]
+fn the_scripts_read_the_time_only_through_clock() {
+    let reads =
+        |source: &str| source.matches("'TIME'").count() + source.matches("\"TIME\"").count();
+    assert_eq!(reads(COMMON), 1, "common.lua reads TIME once, in clock()");
+    for (name, source) in [
+        ("acquire", ACQUIRE),
+        ("release", RELEASE),
+        ("renew", RENEW),
+        ("penalize", PENALIZE),
+        ("backoff", BACKOFF),
+        ("adopt", ADOPT),
+    ] {
+        assert_eq!(reads(source), 0, "{name}.lua reads TIME itself");
+        assert!(
+            source.contains("clock()"),
+            "{name}.lua takes its time from clock()"
+        );
+    }
+}
