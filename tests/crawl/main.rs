@@ -7,6 +7,7 @@
 mod backoff;
 mod budgets;
 mod cli;
+mod failover;
 mod faults;
 mod lifecycle;
 mod metrics;

@@ -1,4 +1,5 @@
-//! `RedisCluster`: three masters serving every slot; a restarted node rejoins.
+//! `RedisCluster`: three masters serving every slot; a restarted node rejoins; with a
+//! replica per master, a killed master's replica takes over its slots.
 
 use redislimit_tests::RedisCluster;
 
@@ -63,5 +64,28 @@ fn a_restarted_node_rejoins_the_cluster() {
     assert!(
         node.command(&["CLUSTER", "INFO"])
             .contains("cluster_state:ok\r\n")
+    );
+}
+
+#[test]
+fn a_killed_master_is_replaced_by_its_replica() {
+    let cluster = RedisCluster::start_with_replicas();
+    assert_eq!(cluster.nodes().len(), 6);
+    let key = "some-key";
+    let master = cluster.master_of(key);
+    assert_eq!(master.command(&["SET", key, "1"]), "+OK\r\n");
+    cluster.wait_replicated(master);
+    let replica = cluster
+        .replica_of(master)
+        .expect("every master has a replica");
+    assert_ne!(replica.port(), master.port());
+    master.kill();
+    cluster.wait_master(replica, std::time::Duration::from_secs(20));
+    cluster.wait_ok();
+    assert_eq!(cluster.master_of(key).port(), replica.port());
+    assert_eq!(
+        replica.command(&["GET", key]),
+        "$1\r\n1\r\n",
+        "the write was replicated"
     );
 }

@@ -3,7 +3,8 @@
 //! - [`RedisServer`]: a standalone `redis-server` on a free loopback port that a test can
 //!   kill, pause, resume and restart; [`RedisServer::start_tls`] serves TLS only, with a
 //!   certificate of a [`TestCa`] made at run time;
-//! - [`RedisCluster`]: three Cluster masters covering every slot;
+//! - [`RedisCluster`]: three Cluster masters covering every slot, with a replica each
+//!   when asked;
 //! - [`RedisSentinel`]: a master, a replica and a Sentinel monitoring them;
 //! - [`resp`]: a tiny blocking RESP2 client to poke at them directly;
 //! - [`model`]: a reference model of one host's state in Redis, which the differential
