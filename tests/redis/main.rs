@@ -6,6 +6,7 @@
 mod agreement;
 mod backoff;
 mod circuit;
+mod clock_ahead;
 mod cost;
 mod degraded;
 mod faults;
