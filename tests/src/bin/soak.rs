@@ -440,6 +440,10 @@ async fn soak(options: Options) -> ExitCode {
     let keys_after = dbsize(&redis);
     let memory_after = info_field(&redis, "memory", "used_memory");
     let dataset_after = info_field(&redis, "memory", "used_memory_dataset");
+    // What the rest is: the cached scripts and the replicas' connections.
+    let scripts_after = info_field(&redis, "memory", "used_memory_scripts_eval")
+        + info_field(&redis, "memory", "used_memory_vm_eval");
+    let clients_after = info_field(&redis, "memory", "mem_clients_normal");
 
     let requests = upstream.recorder().all();
     let verdict = judge(&requests, &restarts, start);
@@ -466,7 +470,7 @@ async fn soak(options: Options) -> ExitCode {
         "soak: URLs of finished replicas not ended once: {lost}; replicas that failed: {failed_exits}"
     );
     println!(
-        "soak: Redis before {keys_before} keys, {memory_before} B used ({dataset_before} B of data); idle after {keys_after} keys, {memory_after} B used ({dataset_after} B of data)"
+        "soak: Redis before {keys_before} keys, {memory_before} B used ({dataset_before} B of data); idle after {keys_after} keys, {memory_after} B used ({dataset_after} B of data); scripts {scripts_after} B, connections {clients_after} B"
     );
     for (id, at_two, last) in &growth {
         println!("soak: replica {id} resident {at_two} KiB at 2 min, {last} KiB at the end");
@@ -490,6 +494,8 @@ async fn soak(options: Options) -> ExitCode {
         "redis_used_memory_idle_after": memory_after,
         "redis_dataset_bytes_before": dataset_before,
         "redis_dataset_bytes_idle_after": dataset_after,
+        "redis_scripts_bytes_idle_after": scripts_after,
+        "redis_clients_bytes_idle_after": clients_after,
         "replica_rss_kib": growth.iter().map(|(id, a, b)| serde_json::json!({"replica": id, "at_2_min": a, "at_end": b})).collect::<Vec<_>>(),
         "replica_rss_worst_growth": worst_growth,
     });
