@@ -11,6 +11,9 @@ use crate::Error;
 ///
 /// It is the host of the URL as the [`url`] crate normalises it (IDNA to
 /// punycode, percent-decoding), lower-cased, with trailing dots removed.
+/// A name that is no host name without its trailing dots (`0x22..` would
+/// be the address 0.0.0.34, `a.1..` nothing) is refused, so a key is
+/// always the host of the URL `http://KEY/`.
 /// The port and the scheme are not part of it: `https://example.com:8443/`
 /// and `http://EXAMPLE.com./` are the same host. IPv4 addresses appear in
 /// dotted form, IPv6 addresses in brackets (`[::1]`).
@@ -63,7 +66,7 @@ impl Ord for HostKey {
 
 impl HostKey {
     /// The host key of a parsed URL, or [`Error::InvalidUrl`] when it has
-    /// no host.
+    /// no host (or one that is no host name without its trailing dots).
     pub fn from_url(url: &Url) -> Result<Self, Error> {
         let host = url.host().ok_or("the URL has no host");
         let key = Self::from_host(host).map_err(|reason| Error::InvalidUrl {
@@ -128,23 +131,36 @@ impl HostKey {
         match host? {
             Host::Ipv4(addr) => Ok(Self::named(addr.to_string())),
             Host::Ipv6(addr) => Ok(Self::named(format!("[{addr}]"))),
-            Host::Domain(name) => {
-                let name = name.trim_end_matches('.');
+            Host::Domain(given) => {
+                let name = given.trim_end_matches('.');
                 if name.is_empty() {
                     return Err("the URL's host is empty");
+                }
+                // Without its trailing dots a name can read as another host
+                // (`0x22..` as the address 0.0.0.34) or as none (`a.1..`):
+                // refused, so that a key is always the host of `http://KEY/`.
+                if name.len() != given.len()
+                    && !matches!(Host::parse(name), Ok(Host::Domain(d)) if d.eq_ignore_ascii_case(name))
+                {
+                    return Err("the URL's host is no host name without its trailing dots");
                 }
                 Ok(Self::named(name.to_ascii_lowercase()))
             }
         }
     }
 
-    /// Parses `url` and takes its host key.
+    /// Parses `url` and takes its host key. A refusal
+    /// ([`Error::InvalidUrl`]) names `url` as given, not as parsed.
     pub fn parse(url: &str) -> Result<Self, Error> {
-        let parsed = Url::parse(url).map_err(|_| Error::InvalidUrl {
+        let invalid = |reason| Error::InvalidUrl {
             url: url.to_owned(),
-            reason: "the URL does not parse",
-        })?;
-        Self::from_url(&parsed)
+            reason,
+        };
+        let parsed = Url::parse(url).map_err(|_| invalid("the URL does not parse"))?;
+        let host = parsed.host().ok_or("the URL has no host");
+        Self::from_host(host)
+            .map_err(invalid)
+            .map(|key| key.on_port(parsed.port_or_known_default()))
     }
 
     /// The key as text.
@@ -215,6 +231,31 @@ mod tests {
     }
 
     #[test]
+    fn a_name_that_is_no_host_name_without_its_trailing_dots_is_refused() {
+        // `url` reads these as domains (an empty last label ends in no
+        // number); without the dots they would be an IPv4 address (another
+        // host) or nothing `url` accepts.
+        for url in [
+            "http://0x22../",
+            "http:/0X22.../",
+            "http://1.2.3.4../",
+            "http://a.1../",
+            "http://a.0x../",
+        ] {
+            assert!(Url::parse(url).unwrap().domain().is_some(), "{url}");
+            match HostKey::parse(url) {
+                Err(Error::InvalidUrl { url: given, reason }) => {
+                    assert_eq!(given, url);
+                    assert!(reason.contains("trailing dots"), "{url}: {reason}");
+                }
+                other => panic!("{url:?} gave {other:?}"),
+            }
+        }
+        assert_eq!(key("http://Bücher.example../"), "xn--bcher-kva.example");
+        assert_eq!(key("foo://ExAmPle.org../"), "example.org");
+    }
+
+    #[test]
     fn port_and_scheme_are_not_part_of_the_key() {
         let plain = HostKey::parse("http://example.com/").unwrap();
         assert_eq!(HostKey::parse("https://example.com:8443/").unwrap(), plain);
@@ -255,6 +296,9 @@ mod tests {
             "data:text/plain,hello",
             "unix:/run/socket",
             "http://./",
+            // Refused as given, not as the URL parser rewrites them.
+            "http://\u{3002}/",
+            "file://localhost/x",
             "not a url",
             "",
         ] {

@@ -491,6 +491,9 @@ mod tests {
             "a b",
             "*.1.2.3.4",
             "*.[::1]",
+            // No host name once its trailing dots are dropped.
+            "a.1..",
+            "*.a.0x..",
         ] {
             match base().with_rule(Rule::new(bad, pacing(2))) {
                 Err(ConfigError::InvalidRule { rule, .. }) => assert_eq!(rule, bad),
@@ -512,6 +515,13 @@ mod tests {
             .unwrap();
         assert_eq!(p.rules()[0].pattern(), "*.xn--bcher-kva.example");
         assert_eq!(p.pacing_for(&host("127.0.0.1")), &pacing(3));
+        // A normalized pattern is accepted as it is.
+        for rule in p.rules() {
+            let again = base().with_rule(rule.clone()).unwrap();
+            assert_eq!(again.rules()[0].pattern(), rule.pattern());
+        }
+        let dots = base().with_rule(Rule::new("A.test..", pacing(2))).unwrap();
+        assert_eq!(dots.rules()[0].pattern(), "a.test");
     }
 
     #[test]

@@ -40,7 +40,9 @@ use super::retry_after::response_date;
 /// Following the draft's client rules, malformed fields are ignored (a
 /// list that fails to parse as a structured field says nothing), and a
 /// response served from a cache (an `Age` above zero) says nothing about
-/// the budget now. A zero or past reset holds nothing. Capping the hold
+/// the budget now. A zero or past reset holds nothing, nor does a hold
+/// that rounds to zero (a reset under a nanosecond away, or a budget so
+/// large that its share of the reset is). Capping the hold
 /// is the limiter's job ([`Pacing::max_penalty`](crate::Pacing::max_penalty));
 /// `Retry-After` takes precedence (see [`penalty`](super::penalty)).
 ///
@@ -131,13 +133,25 @@ pub fn rate_limit_budget(headers: &HeaderMap, now: SystemTime) -> Option<Budget>
         })
 }
 
-/// The budget `left` of `limit`, resetting in `reset`.
+/// The budget `left` of `limit`, resetting in `reset`; `None` when it
+/// asks for no hold (or for one that rounds to zero).
 fn judge(left: f64, limit: Option<f64>, reset: Duration) -> Option<Budget> {
-    if left == 0.0 {
-        return Some(Budget::Spent(reset));
-    }
-    let low = limit.is_some_and(|limit| left * LOW_FRACTION <= limit);
-    low.then(|| Budget::Low(reset.div_f64(left.max(1.0))))
+    let budget = if left == 0.0 {
+        Budget::Spent(reset)
+    } else if limit.is_some_and(|limit| left * LOW_FRACTION <= limit) {
+        Budget::Low(share(reset, left))
+    } else {
+        return None;
+    };
+    (!budget.hold().is_zero()).then_some(budget)
+}
+
+/// `reset` divided by `left` (at least 1), never more than `reset`.
+/// (`Duration::div_f64` panics when the quotient does not fit, as for a
+/// reset so far away that it saturated to `Duration::MAX`: its seconds as
+/// an `f64` round up past it.)
+fn share(reset: Duration, left: f64) -> Duration {
+    Duration::try_from_secs_f64(reset.as_secs_f64() / left.max(1.0)).map_or(reset, |d| d.min(reset))
 }
 
 /// A budget is low when what is left is at most a tenth of the limit.
@@ -405,6 +419,75 @@ mod tests {
         for case in cases {
             assert_eq!(rate_limit_hold(&headers(case), now), None, "{case:?}");
         }
+    }
+
+    #[test]
+    fn a_low_budget_with_a_reset_beyond_any_duration_holds_the_longest() {
+        // The reset saturates to `Duration::MAX`; its share used to panic.
+        let now = SystemTime::now();
+        for reset in [
+            ("x-ratelimit-reset-after", "99999999999999999999999"),
+            ("x-ratelimit-reset", "99999999999999999999999"),
+        ] {
+            let map = headers(&[
+                ("x-ratelimit-limit", "100"),
+                ("x-ratelimit-remaining", "1"),
+                reset,
+            ]);
+            assert_eq!(
+                rate_limit_budget(&map, now),
+                Some(Budget::Low(Duration::MAX)),
+                "{reset:?}"
+            );
+        }
+        let map = headers(&[
+            ("x-ratelimit-limit", "100"),
+            ("x-ratelimit-remaining", "4"),
+            ("x-ratelimit-reset-after", "99999999999999999999999"),
+        ]);
+        assert_eq!(
+            rate_limit_budget(&map, now),
+            Some(Budget::Low(Duration::MAX.div_f64(4.0)))
+        );
+        assert_eq!(
+            share(Duration::from_secs(10), 4.0),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(share(Duration::from_secs(10), 0.5), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_hold_that_rounds_to_zero_holds_nothing() {
+        let now = SystemTime::now();
+        let cases: [&[(&str, &str)]; 3] = [
+            // A reset under a nanosecond away.
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset-after", "0.0000000001"),
+            ],
+            // A share of the reset under a nanosecond.
+            &[
+                ("x-ratelimit-limit", "99999999999999999999999999"),
+                ("x-ratelimit-remaining", "99999999999999999999"),
+                ("x-ratelimit-reset-after", "3"),
+            ],
+            &[
+                ("ratelimit", r#""d";r=99999999999999;t=1"#),
+                ("ratelimit-policy", r#""d";q=999999999999999;w=1"#),
+            ],
+        ];
+        for case in cases {
+            assert_eq!(rate_limit_budget(&headers(case), now), None, "{case:?}");
+        }
+        // A zero share of one policy leaves the others to decide.
+        let map = headers(&[
+            ("ratelimit", r#""a";r=99999999999999;t=1, "b";r=0;t=3"#),
+            ("ratelimit-policy", r#""a";q=999999999999999;w=1"#),
+        ]);
+        assert_eq!(
+            rate_limit_budget(&map, now),
+            Some(Budget::Spent(Duration::from_secs(3)))
+        );
     }
 
     proptest! {
