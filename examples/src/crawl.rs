@@ -23,6 +23,10 @@ pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::input::{Input, read_urls};
 pub use self::policy_file::{Settings, load as load_policy_file};
 pub use self::stop::{Stop, StopLevel};
+
+// For the fuzz targets (`crate::fuzzing`).
+pub(crate) use self::input::{check as check_url, read_lines};
+pub(crate) use self::policy_file::parse as parse_policy_file;
 pub use self::summary::{HostSummary, summarize};
 
 /// Runs the command line: parses the arguments, crawls, prints the summary.

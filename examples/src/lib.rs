@@ -7,6 +7,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod crawl;
+pub mod fuzzing;
 pub mod timeline;
 
 use std::collections::HashMap;

@@ -1,10 +1,12 @@
-//! `cargo xtask`: the workspace's developer commands (`test`, `demo`), cargo-xtask style.
+//! `cargo xtask`: the workspace's developer commands (`test`, `demo`, `bench`, `fuzz`),
+//! cargo-xtask style.
 //!
 //! `cargo xtask test` is what CI runs (`.ci/run`): it makes sure the Redis binaries the
 //! integration tests spawn are installed, then runs rustfmt, clippy, the tests and rustdoc,
 //! stopping at the first step that fails.
 
 mod bench;
+mod fuzz;
 mod redis;
 #[cfg(test)]
 mod tidy;
@@ -46,6 +48,22 @@ enum Task {
     },
     /// Run every benchmark, print a table and write target/bench/summary.json.
     Bench,
+    /// Fuzz the parsers with cargo-fuzz (installed when missing; needs a nightly
+    /// toolchain): each target for `--seconds`, the corpus in `fuzz/corpus/TARGET/`,
+    /// then what adds coverage merged into the committed `fuzz/seeds/TARGET/`.
+    Fuzz {
+        /// One target (a file of `fuzz/fuzz_targets/` without `.rs`); every target without.
+        target: Option<String>,
+        /// How long each target runs, in seconds.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// The toolchain cargo-fuzz runs on (through `rustup run`).
+        #[arg(long, default_value = "nightly")]
+        toolchain: String,
+        /// Leave `fuzz/seeds/` as it is.
+        #[arg(long)]
+        no_merge: bool,
+    },
     /// Run the `demo` example; every argument is passed through to it.
     Demo {
         /// Arguments for the demo.
@@ -91,6 +109,17 @@ fn main() -> ExitCode {
         }
         Task::Demo { args } => demo(&args),
         Task::Bench => bench::run(),
+        Task::Fuzz {
+            target,
+            seconds,
+            toolchain,
+            no_merge,
+        } => fuzz::run(&fuzz::Options {
+            target,
+            seconds,
+            toolchain,
+            no_merge,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -387,6 +416,24 @@ mod tests {
             panic!("expected the demo task");
         };
         assert_eq!(args, ["--hosts", "3", "-v", "--", "x"]);
+    }
+
+    #[test]
+    fn fuzz_runs_ten_minutes_a_target_by_default() {
+        let Task::Fuzz {
+            target, seconds, ..
+        } = parse(&["fuzz"])
+        else {
+            panic!("expected the fuzz task");
+        };
+        assert_eq!((target, seconds), (None, 600));
+        let Task::Fuzz {
+            target, seconds, ..
+        } = parse(&["fuzz", "host_key", "--seconds", "60"])
+        else {
+            panic!("expected the fuzz task");
+        };
+        assert_eq!((target.as_deref(), seconds), (Some("host_key"), 60));
     }
 
     #[test]

@@ -38,7 +38,7 @@ fn check_line(text: &str) -> Result<(Url, Option<u8>), String> {
     Ok((url, priority))
 }
 
-fn check(text: &str) -> Result<Url, String> {
+pub(crate) fn check(text: &str) -> Result<Url, String> {
     let url = Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("{text:?} is not an http(s) URL"));
@@ -71,21 +71,32 @@ pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> 
             std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         Box::new(BufReader::new(file))
     };
-    let mut reader = reader;
+    read_lines(reader, &path.display(), &mut input, &mut seen)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(input)
+}
+
+/// Adds the URLs of the lines of `reader` to `input`, those already in
+/// `seen` skipped as repeats: what [`read_urls`] does with its file, named
+/// `name` in the `skipped` lines. Blank lines and `#` comments are ignored;
+/// a line that is not UTF-8 or not a URL (and optional priority) is
+/// skipped with its line number.
+pub(crate) fn read_lines(
+    mut reader: impl BufRead,
+    name: &dyn std::fmt::Display,
+    input: &mut Input,
+    seen: &mut std::collections::HashSet<Url>,
+) -> std::io::Result<()> {
     let mut bytes = Vec::new();
-    for n in 0.. {
+    for n in 0_u64.. {
         bytes.clear();
-        let read = reader
-            .read_until(b'\n', &mut bytes)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let read = reader.read_until(b'\n', &mut bytes)?;
         if read == 0 {
             break;
         }
         // One undecodable line is skipped, not the whole file.
         let Ok(line) = std::str::from_utf8(&bytes) else {
-            input
-                .skipped
-                .push(format!("{}:{}: not UTF-8", path.display(), n + 1));
+            input.skipped.push(format!("{name}:{}: not UTF-8", n + 1));
             continue;
         };
         let text = line.trim();
@@ -99,17 +110,13 @@ pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> 
                 }
                 input.urls.push(url);
             }
-            Ok(_) => input.skipped.push(format!(
-                "{}:{}: a repeat of an earlier URL",
-                path.display(),
-                n + 1
-            )),
-            Err(why) => input
+            Ok(_) => input
                 .skipped
-                .push(format!("{}:{}: {why}", path.display(), n + 1)),
+                .push(format!("{name}:{}: a repeat of an earlier URL", n + 1)),
+            Err(why) => input.skipped.push(format!("{name}:{}: {why}", n + 1)),
         }
     }
-    Ok(input)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -126,7 +126,7 @@ pub fn load(path: &Path, flags: &Settings) -> anyhow::Result<(Settings, Policies
 }
 
 /// [`load`] from the file's text.
-pub(super) fn parse(text: &str, flags: &Settings) -> anyhow::Result<(Settings, Policies)> {
+pub(crate) fn parse(text: &str, flags: &Settings) -> anyhow::Result<(Settings, Policies)> {
     let file: File = toml::from_str(text)?;
     let default = match &file.default {
         Some(table) => {
