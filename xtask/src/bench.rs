@@ -69,7 +69,7 @@ fn criterion_mean(root: &Path, bench: &str) -> Result<f64, Failure> {
 
 pub(crate) fn run() -> Result<(), Failure> {
     let root = project_root();
-    header("redis: redis-server, redis-cli and redis-sentinel on PATH");
+    header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
     crate::redis::ensure_installed().map_err(|detail| Failure::new("bench", detail))?;
     step(
         "bench",

@@ -1,4 +1,4 @@
-//! `cargo xtask`: the workspace's developer commands (`test`, `demo`, `bench`, `fuzz`),
+//! `cargo xtask`: the workspace's developer commands (`test`, `demo`, `bench`, `fuzz`, `soak`),
 //! cargo-xtask style.
 //!
 //! `cargo xtask test` is what CI runs (`.ci/run`): it makes sure the Redis binaries the
@@ -8,6 +8,7 @@
 mod bench;
 mod fuzz;
 mod redis;
+mod soak;
 #[cfg(test)]
 mod tidy;
 
@@ -48,6 +49,14 @@ enum Task {
     },
     /// Run every benchmark, print a table and write target/bench/summary.json.
     Bench,
+    /// The long soak (not part of `test`): eight crawl replicas over 10,000 hosts, Redis
+    /// restarted and a replica killed every minute, judged from the upstream's record;
+    /// figures in target/soak/summary.json.
+    Soak {
+        /// How long it runs.
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+    },
     /// Fuzz the parsers with cargo-fuzz (installed when missing; needs a nightly
     /// toolchain): each target for `--seconds`, the corpus in `fuzz/corpus/TARGET/`,
     /// then what adds coverage merged into the committed `fuzz/seeds/TARGET/`.
@@ -109,6 +118,7 @@ fn main() -> ExitCode {
         }
         Task::Demo { args } => demo(&args),
         Task::Bench => bench::run(),
+        Task::Soak { minutes } => soak::run(minutes),
         Task::Fuzz {
             target,
             seconds,
@@ -146,7 +156,7 @@ fn split_test_args(
 
 /// `cargo xtask test`: redis binaries, fmt, clippy, tests, docs.
 fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
-    header("redis: redis-server, redis-cli and redis-sentinel on PATH");
+    header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
     redis::ensure_installed().map_err(|detail| Failure::new("redis", detail))?;
 
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -416,6 +426,15 @@ mod tests {
             panic!("expected the demo task");
         };
         assert_eq!(args, ["--hosts", "3", "-v", "--", "x"]);
+    }
+
+    #[test]
+    fn soak_runs_thirty_minutes_by_default() {
+        assert!(matches!(parse(&["soak"]), Task::Soak { minutes: 30 }));
+        assert!(matches!(
+            parse(&["soak", "--minutes", "5"]),
+            Task::Soak { minutes: 5 }
+        ));
     }
 
     #[test]
