@@ -180,6 +180,33 @@ fn keyed_by_domain_rules_may_not_mix_serialized_and_lease_modes() {
 }
 
 #[test]
+fn keyed_by_domain_quotas_must_share_their_window() {
+    use redislimit::{Policies, Rule};
+    let quota = |n, secs| {
+        Pacing::builder()
+            .quota(n)
+            .window(Duration::from_secs(secs))
+            .build()
+            .unwrap()
+    };
+    // An acquire under the minute would trim the hour's admissions away.
+    let mixed = Policies::new(quota(10, 3600))
+        .with_rule(Rule::new("api.example.com", quota(5, 60)))
+        .unwrap();
+    assert_eq!(
+        refused_by_domain(&mixed),
+        (Some("api.example.com".to_owned()), true)
+    );
+    // Other quotas in one window, and hosts without a quota, may share.
+    let same = Policies::new(quota(10, 60))
+        .with_rule(Rule::new("api.example.com", quota(5, 60)))
+        .unwrap()
+        .with_rule(Rule::new("www.example.com", Pacing::default()))
+        .unwrap();
+    assert_eq!(refused_by_domain(&same), (None, true));
+}
+
+#[test]
 fn keyed_by_domain_rules_may_not_mix_exact_and_bucketed_quotas() {
     use redislimit::{Policies, Rule};
     let quota = |n| {

@@ -500,6 +500,20 @@ impl RedisLimiterBuilder {
                          ones (kept in buckets) cannot be mixed",
             });
         }
+        // ... whose records each acquire trims to its own window: a shorter
+        // window would drop what a longer one still counts.
+        let window = |a: &Args| (a.quota > 0).then_some(a.window_us);
+        if policies.key_by() == crate::KeyBy::RegistrableDomain
+            && let Some(first) = args.iter().find_map(window)
+            && let Some(i) =
+                (1..args.len()).find(|&i| window(&args[i]).is_some_and(|w| w != first))
+        {
+            return Err(ConfigError::InvalidRule {
+                rule: policies.rules()[i - 1].pattern().to_owned(),
+                reason: "keyed by registrable domain, hosts of one domain share one quota record \
+                         in Redis: their quotas must count in the same window",
+            });
+        }
         // The per-process cap of each policy, raised to its cluster cap.
         let local = policies.map(|i, pacing| {
             Pacing::default()
