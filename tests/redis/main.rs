@@ -12,7 +12,6 @@ mod degraded;
 mod faults;
 mod garbage;
 mod leases;
-mod model;
 mod modes;
 mod policies;
 mod renewal;

@@ -8,7 +8,7 @@
 //! each one kept, or for large quotas counted in buckets), and voided tokens (acquires
 //! abandoned before they ran). [`Model`] decides admit, wait or full for `acquire` and
 //! answers `release`, abandon, `renew` and `penalize` exactly as the scripts reply, so
-//! that the differential test (`tests/redis/model.rs`) can run one sequence of
+//! that the differential test (`tests/model/main.rs`) can run one sequence of
 //! operations against both and demand the same answer at every step.
 //!
 //! Garbage (a key of the wrong type, an unparseable `next`) is part of the model: a
@@ -159,6 +159,15 @@ impl Model {
     /// Whether `key` holds a value of the wrong type.
     pub fn is_corrupt(&self, key: Key) -> bool {
         self.wrong_type[key.index()]
+    }
+
+    /// When the slot `token` holds ends: its lease deadline, or in serialized mode its
+    /// holder's; `None` when it holds none.
+    pub fn deadline(&self, token: &str) -> Option<Us> {
+        match &self.holder {
+            Some((holder, busy)) if holder == token => Some(*busy),
+            _ => self.leases.get(token).copied(),
+        }
     }
 
     /// Whether the gate's `next` holds text that is not a number.
@@ -313,22 +322,32 @@ impl Model {
                 self.leases.insert(member, deadline);
             }
         }
-        if p.quota > 0 && p.bucket == 0 {
+        if p.quota > 0 {
+            if p.bucket > 0 {
+                // Buckets no longer counting go when another unit comes.
+                let window = p.window;
+                self.buckets
+                    .retain(|_, &mut (_, latest)| latest + window > now);
+            }
+            self.count(token, weight, at);
+        }
+        Ok([1, now, ahead])
+    }
+
+    /// Counts `weight` units of `token` admitted at `at` in the quota.
+    fn count(&mut self, token: &str, weight: u32, at: Us) {
+        if self.policy.bucket == 0 {
             for member in members(token, weight) {
                 self.admits.insert(member, at);
             }
-        } else if p.quota > 0 {
-            let window = p.window;
-            self.buckets
-                .retain(|_, &mut (_, latest)| latest + window > now);
+        } else {
             let entry = self
                 .buckets
-                .entry(at.div_euclid(p.bucket))
+                .entry(at.div_euclid(self.policy.bucket))
                 .or_insert((0, at));
-            entry.0 += w;
+            entry.0 += i64::from(weight);
             entry.1 = entry.1.max(at);
         }
-        Ok([1, now, ahead])
     }
 
     /// How long from `now` until at most `room` quota units count.
@@ -567,18 +586,7 @@ impl Model {
         }
         if p.quota > 0 && sent + p.window > now {
             self.touch(Key::Admits)?;
-            if p.bucket == 0 {
-                for member in members(token, weight) {
-                    self.admits.insert(member, sent);
-                }
-            } else {
-                let entry = self
-                    .buckets
-                    .entry(sent.div_euclid(p.bucket))
-                    .or_insert((0, sent));
-                entry.0 += i64::from(weight);
-                entry.1 = entry.1.max(sent);
-            }
+            self.count(token, weight, sent);
         }
         Ok(1)
     }

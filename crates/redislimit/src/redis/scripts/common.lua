@@ -9,7 +9,7 @@ end
 
 -- Microseconds since the epoch, from the server's clock (TIME). Every script
 -- reads the time here and nowhere else: the differential test
--- (tests/redis/model.rs) defines clock() again after this file to set it.
+-- (tests/model/main.rs) defines clock() again after this file to set it.
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
