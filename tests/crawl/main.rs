@@ -81,6 +81,18 @@ pub(crate) fn spawn(
     urls: &[String],
     extra: &[&str],
 ) -> Replica {
+    spawn_with_env(dir, n, upstream, urls, extra, &[])
+}
+
+/// [`spawn`], with `env` added to the replica's environment.
+pub(crate) fn spawn_with_env(
+    dir: &Path,
+    n: usize,
+    upstream: &Upstream,
+    urls: &[String],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Replica {
     let list = dir.join(format!("urls-{n}.txt"));
     std::fs::write(&list, urls.join("\n")).unwrap();
     let report = dir.join(format!("report-{n}.jsonl"));
@@ -93,6 +105,7 @@ pub(crate) fn spawn(
     for host in RESOLVED {
         cmd.args(["--resolve", &format!("{host}:{}", upstream.addr().ip())]);
     }
+    cmd.envs(env.iter().copied());
     cmd.args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

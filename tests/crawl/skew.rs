@@ -24,14 +24,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redislimit_tests::record::{assert_serialized, max_in_flight, min_send_gap};
 use redislimit_tests::{RedisServer, Upstream};
-use tokio::process::Command;
 
-use crate::{HOSTS, MS, RESOLVED, Replica, SLACK, deal, finish, read_report, tempdir, urls};
+use crate::{HOSTS, MS, Replica, SLACK, deal, finish, read_report, tempdir, urls};
 
 /// A clock an hour ahead: `FAKETIME` and the offset in milliseconds.
 const AHEAD: (&str, i64) = ("+1h", 3_600_000);
@@ -87,30 +85,17 @@ fn spawn_skewed(
     extra: &[&str],
     skew: Option<&str>,
 ) -> Replica {
-    let list = dir.join(format!("urls-{n}.txt"));
-    std::fs::write(&list, urls.join("\n")).unwrap();
-    let report = dir.join(format!("report-{n}.jsonl"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
-    cmd.arg("--urls").arg(&list).arg("--report").arg(&report);
-    cmd.args(["--header", &format!("x-replica:{n}")]);
-    cmd.args(["--concurrency", "8"]);
-    for host in RESOLVED {
-        cmd.args(["--resolve", &format!("{host}:{}", upstream.addr().ip())]);
-    }
-    if let Some(skew) = skew {
-        cmd.env("LD_PRELOAD", libfaketime())
-            .env("FAKETIME", skew)
-            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    }
-    cmd.args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    Replica {
-        child: cmd.spawn().expect("start the crawl binary"),
-        report,
-        urls: urls.to_vec(),
-    }
+    let preload = libfaketime();
+    let preload = preload.to_str().expect("a UTF-8 path to libfaketime");
+    let env: &[(&str, &str)] = match skew {
+        Some(skew) => &[
+            ("LD_PRELOAD", preload),
+            ("FAKETIME", skew),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+        None => &[],
+    };
+    crate::spawn_with_env(dir, n, upstream, urls, extra, env)
 }
 
 /// Every line of each report was stamped by a clock its `offset` (ms) off
