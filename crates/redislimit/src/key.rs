@@ -12,8 +12,9 @@ use crate::Error;
 /// It is the host of the URL as the [`url`] crate normalises it (IDNA to
 /// punycode, percent-decoding), lower-cased, with trailing dots removed.
 /// A name that is no host name without its trailing dots (`0x22..` would
-/// be the address 0.0.0.34, `a.1..` nothing) is refused, so a key is
-/// always the host of the URL `http://KEY/`.
+/// be the address 0.0.0.34, `a.1..` nothing) is refused, so the key of an
+/// `http`, `https`, `ws`, `wss` or `ftp` URL is always the host of the URL
+/// `http://KEY/` (other schemes' hosts are opaque and kept as they are).
 /// The port and the scheme are not part of it: `https://example.com:8443/`
 /// and `http://EXAMPLE.com./` are the same host. IPv4 addresses appear in
 /// dotted form, IPv6 addresses in brackets (`[::1]`).

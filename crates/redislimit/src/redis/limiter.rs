@@ -505,8 +505,7 @@ impl RedisLimiterBuilder {
         let window = |a: &Args| (a.quota > 0).then_some(a.window_us);
         if policies.key_by() == crate::KeyBy::RegistrableDomain
             && let Some(first) = args.iter().find_map(window)
-            && let Some(i) =
-                (1..args.len()).find(|&i| window(&args[i]).is_some_and(|w| w != first))
+            && let Some(i) = (1..args.len()).find(|&i| window(&args[i]).is_some_and(|w| w != first))
         {
             return Err(ConfigError::InvalidRule {
                 rule: policies.rules()[i - 1].pattern().to_owned(),
