@@ -437,17 +437,13 @@ pub fn url_lines(data: &[u8]) {
     }
 }
 
-/// The flags a policy file is read on top of (those of the crawl's tests).
+/// The flags a policy file is read on top of: the crawl's defaults, as a user without
+/// flags gets them.
 fn flags() -> Settings {
-    Settings {
-        min_delay: Duration::from_millis(250),
-        max_concurrent: 1,
-        cluster_concurrency: 0,
-        quota: 0,
-        window: None,
-        jitter: Duration::ZERO,
-        max_penalty: Duration::from_secs(600),
-    }
+    use clap::Parser;
+    crate::crawl::Args::try_parse_from(["crawl"])
+        .expect("the crawl parses without arguments")
+        .settings()
 }
 
 /// The crawl's `--policy` file (TOML), read on top of fixed flags.
