@@ -2,8 +2,11 @@
 //! acquire, release, abandon, renew, penalize, backoff and adopt from several tokens, with clock
 //! advances and garbage written into the keys, run against the real scripts on a real
 //! `redis-server` and against the model. Every reply (admit, wait and how long, full,
-//! voided, healed), the state each call leaves (`next`, the sizes of the sets) and every
-//! key's expiry (it outlives the state it protects) must agree, step by step.
+//! voided, healed), the state each call leaves (`next`, the sizes of the sets and of the
+//! waiting line) and every key's expiry (it outlives the state it protects) must agree,
+//! step by step. Acquires draw a patience (0: out of the waiting line), so that places
+//! in line are kept, lapse and are taken over; each script is given the keys the
+//! limiter gives it, which are the keys a heal replaces.
 //!
 //! The clock: the scripts read the server's `TIME` in `clock()` (common.lua). Here each
 //! script is loaded with a test-only prelude between common.lua and the operation that
@@ -18,8 +21,11 @@
 //! The test of the test: [`a_broken_script_is_caught`] runs the same property against
 //! copies of the scripts with one deliberate bug each (an off-by-one in the quota
 //! window, a missing void check, a dead holder's gap forgotten or kept a microsecond
-//! too long, a lease taken back late, expiries without their slack) and demands that
-//! each is found.
+//! too long, a lease taken back late, expiries without their slack; in the waiting
+//! line: a place kept a microsecond too long or lapsing without its patience, ties not
+//! broken, a place lost on asking again or kept after admission or after an abandon,
+//! one gap for all the waiters ahead, no slots kept for them, the line read without
+//! patience, an unparseable place not healed) and demands that each is found.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -50,7 +56,13 @@ end
 ";
 
 /// The host's keys, in `KEYS` order.
-const KEYS: [&str; 4] = ["m{h}:gate", "m{h}:leases", "m{h}:admits", "m{h}:void"];
+const KEYS: [&str; 5] = [
+    "m{h}:gate",
+    "m{h}:leases",
+    "m{h}:admits",
+    "m{h}:void",
+    "m{h}:waiting",
+];
 
 /// The scripts, as the library has them or with one bug put in.
 #[derive(Debug, Clone)]
@@ -103,6 +115,19 @@ impl Sources {
             ..Self::real()
         }
     }
+
+    /// The same for release.lua.
+    fn release_with(from: &str, to: &str) -> Self {
+        assert_eq!(
+            RELEASE.matches(from).count(),
+            1,
+            "release.lua no longer contains {from:?} once: update the mutant"
+        );
+        Self {
+            release: RELEASE.replace(from, to),
+            ..Self::real()
+        }
+    }
 }
 
 /// The SHA-1s of the loaded scripts.
@@ -143,13 +168,19 @@ enum Sleep {
     /// To the end of the slot a request holds (its lease or holder deadline), or a
     /// microsecond before it.
     ToDeadline { req: usize, short: bool },
+    /// To when a request's place in the waiting line lapses, or a microsecond before.
+    ToLapse { req: usize, short: bool },
     /// A given time.
     By(Us),
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    Acquire(usize),
+    /// With `patience` above 0, in the waiting line while refused.
+    Acquire {
+        req: usize,
+        patience: Us,
+    },
     Release(usize),
     /// With `known`, the caller saw the admission and passes its instant.
     Abandon {
@@ -170,6 +201,8 @@ enum Op {
     Sleep(Sleep),
     Corrupt(Key),
     CorruptNext,
+    /// A request's place in the waiting line is overwritten with text.
+    CorruptPlace(usize),
 }
 
 /// One sequence: a policy, the weights of its requests, where the clock starts, and
@@ -216,10 +249,23 @@ fn policy() -> impl Strategy<Value = Policy> {
         )
 }
 
+/// How long after its wait an acquire says it will have asked again: half the time 0,
+/// out of the line (as the limiter sends for requests heavier than 1), else as long as
+/// the short sleeps (so that places lapse between two asks) or the long ones (so that
+/// they are kept across a wait or two). Drawn whatever the weight: the script takes
+/// any request into the line it is given a patience for.
+fn patience() -> impl Strategy<Value = Us> {
+    prop_oneof![
+        4 => Just(0i64),
+        2 => 1i64..=10,
+        2 => 1i64..=30_000,
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let req = 0..REQUESTS;
     prop_oneof![
-        20 => req.clone().prop_map(Op::Acquire),
+        20 => (req.clone(), patience()).prop_map(|(req, patience)| Op::Acquire { req, patience }),
         6 => req.clone().prop_map(Op::Release),
         6 => (req.clone(), any::<bool>()).prop_map(|(req, known)| Op::Abandon { req, known }),
         4 => req.prop_map(Op::Renew),
@@ -231,14 +277,18 @@ fn op() -> impl Strategy<Value = Op> {
         6 => prop_oneof![1i64..=10, 0i64..=30_000].prop_map(|d| Op::Sleep(Sleep::By(d))),
         3 => (0..REQUESTS, any::<bool>())
             .prop_map(|(req, short)| Op::Sleep(Sleep::ToDeadline { req, short })),
+        2 => (0..REQUESTS, any::<bool>())
+            .prop_map(|(req, short)| Op::Sleep(Sleep::ToLapse { req, short })),
         1 => prop_oneof![
             Just(Key::Gate),
             Just(Key::Leases),
             Just(Key::Admits),
-            Just(Key::Void)
+            Just(Key::Void),
+            Just(Key::Waiting)
         ]
         .prop_map(Op::Corrupt),
         1 => Just(Op::CorruptNext),
+        1 => (0..REQUESTS).prop_map(Op::CorruptPlace),
     ]
 }
 
@@ -283,6 +333,12 @@ struct Seen {
     penalized: usize,
     backed_off: usize,
     adopted: usize,
+    /// Refusals that put (or kept) the request in the waiting line.
+    joined: usize,
+    /// Acquires that found live places before theirs.
+    behind: usize,
+    /// Acquires that dropped lapsed places.
+    lapsed: usize,
 }
 
 fn token(req: usize) -> String {
@@ -317,9 +373,10 @@ fn run(
 
     for (step, &op) in case.ops.iter().enumerate() {
         let mut call: Vec<String> = Vec::new();
-        let eval = |sha: &str, args: &[String]| -> Vec<String> {
-            let mut c = vec!["EVALSHA".to_owned(), sha.to_owned(), "4".to_owned()];
-            c.extend(KEYS.iter().map(|k| (*k).to_owned()));
+        // Each script gets the keys the limiter gives it: what a heal replaces.
+        let eval = |sha: &str, keys: &[Key], args: &[String]| -> Vec<String> {
+            let mut c = vec!["EVALSHA".to_owned(), sha.to_owned(), keys.len().to_string()];
+            c.extend(keys.iter().map(|&k| KEYS[k as usize].to_owned()));
             c.extend_from_slice(args);
             c
         };
@@ -327,10 +384,11 @@ fn run(
         let s = |n: i64| n.to_string();
         // What the model answers, and the call that asks the script the same.
         let expected: Vec<i64> = match op {
-            Op::Acquire(req) => {
+            Op::Acquire { req, patience } => {
                 let w = weight(req);
                 call = eval(
                     &loaded.acquire,
+                    &Key::ALL,
                     &[
                         token(req),
                         s(p.min_delay),
@@ -342,9 +400,15 @@ fn run(
                         s(w.into()),
                         s(p.horizon),
                         s(p.bucket),
+                        s(patience),
                     ],
                 );
-                let reply = model.acquire(now, &token(req), w);
+                if patience > 0 {
+                    let line = model.line(now, &token(req));
+                    seen.behind += usize::from(line.ahead > 0);
+                    seen.lapsed += usize::from(line.lapsed > 0);
+                }
+                let reply = model.acquire(now, &token(req), w, patience);
                 match reply {
                     [1, _, ahead] => {
                         told = ahead;
@@ -356,6 +420,7 @@ fn run(
                     }
                     [0, wait, kind] => {
                         told = wait;
+                        seen.joined += usize::from(patience > 0 && kind < 2);
                         match kind {
                             0 => seen.waited += 1,
                             1 => seen.full += 1,
@@ -376,6 +441,7 @@ fn run(
                 let w = weight(req);
                 call = eval(
                     &loaded.release,
+                    &Key::ALL,
                     &[
                         token(req),
                         s(p.min_delay),
@@ -395,6 +461,7 @@ fn run(
                 let w = weight(req);
                 call = eval(
                     &loaded.renew,
+                    &Key::RENEW,
                     &[
                         token(req),
                         s(p.cap.into()),
@@ -408,7 +475,7 @@ fn run(
                 vec![renewed]
             }
             Op::Penalize(hold) => {
-                call = eval(&loaded.penalize, &[s(hold), s(p.lease_ttl)]);
+                call = eval(&loaded.penalize, &Key::GATE, &[s(hold), s(p.lease_ttl)]);
                 let extended = model.penalize(now, hold);
                 seen.penalized += usize::try_from(extended).unwrap_or(0);
                 vec![extended]
@@ -417,6 +484,7 @@ fn run(
                 let (start, max) = case.backoff;
                 call = eval(
                     &loaded.backoff,
+                    &Key::GATE,
                     &[
                         s(if widen { 1 } else { 2 }),
                         s(start),
@@ -432,6 +500,7 @@ fn run(
                 let w = weight(req);
                 call = eval(
                     &loaded.adopt,
+                    &Key::ADOPT,
                     &[
                         token(req),
                         s(p.cap.into()),
@@ -456,6 +525,9 @@ fn run(
                     Sleep::ToDeadline { req, short } => model
                         .deadline(&token(req))
                         .map_or(0, |end| (end - now - i64::from(short)).max(0)),
+                    Sleep::ToLapse { req, short } => model
+                        .lapses(&token(req))
+                        .map_or(0, |by| (by - now - i64::from(short)).max(0)),
                 };
                 Vec::new()
             }
@@ -471,6 +543,16 @@ fn run(
                 call = ["HSET", KEYS[0], "next", "not-a-number"]
                     .map(str::to_owned)
                     .to_vec();
+                Vec::new()
+            }
+            Op::CorruptPlace(req) => {
+                model.corrupt_place(&token(req));
+                call = vec![
+                    "HSET".to_owned(),
+                    KEYS[4].to_owned(),
+                    token(req),
+                    "not-a-place".to_owned(),
+                ];
                 Vec::new()
             }
         };
@@ -489,6 +571,7 @@ fn run(
         commands.push(vec!["HGET", KEYS[0], "backoff"]);
         commands.push(vec!["ZCARD", KEYS[1]]);
         commands.push(vec!["ZCARD", KEYS[3]]);
+        commands.push(vec!["HLEN", KEYS[4]]);
         if p.bucket == 0 {
             commands.push(vec!["ZCARD", KEYS[2]]);
         } else {
@@ -517,9 +600,12 @@ fn run(
             }
         }
 
-        let pttls: Vec<Reply> = replies.by_ref().take(4).collect();
+        let pttls: Vec<Reply> = replies.by_ref().take(KEYS.len()).collect();
         for (key, pttl) in Key::ALL.into_iter().zip(&pttls) {
-            let corrupt = model.is_corrupt(key) || (key == Key::Gate && model.gate_unparseable());
+            // A test's HSET of garbage may have made the key, without an expiry.
+            let corrupt = model.is_corrupt(key)
+                || (key == Key::Gate && model.gate_unparseable())
+                || (key == Key::Waiting && model.line_unparseable());
             if corrupt {
                 continue;
             }
@@ -540,7 +626,7 @@ fn run(
             }
         }
 
-        let [next, backoff, leases, void, admits]: [Reply; 5] =
+        let [next, backoff, leases, void, waiting, admits]: [Reply; 6] =
             replies.collect::<Vec<_>>().try_into().unwrap();
         let state = model.state();
         if !model.is_corrupt(Key::Gate) && !model.gate_unparseable() {
@@ -560,6 +646,14 @@ fn run(
         }
         if !model.is_corrupt(Key::Admits) {
             prop_assert_eq!(int(&admits), Some(state.admits), "admits at {}", context());
+        }
+        if !model.is_corrupt(Key::Waiting) {
+            prop_assert_eq!(
+                int(&waiting),
+                Some(state.waiting),
+                "the waiting line at {}",
+                context()
+            );
         }
     }
     Ok(())
@@ -626,6 +720,9 @@ fn the_scripts_answer_as_the_model_does() {
         ("penalized", seen.penalized),
         ("backing off", seen.backed_off),
         ("adopted", seen.adopted),
+        ("in the waiting line", seen.joined),
+        ("behind others in line", seen.behind),
+        ("dropping lapsed places", seen.lapsed),
     ] {
         assert!(
             n >= floor,
@@ -667,6 +764,52 @@ fn a_broken_script_is_caught() {
         (
             "keys expire without the second of slack",
             Sources::common_with("math.ceil(us / 1000) + 1000", "math.ceil(us / 1000)"),
+        ),
+        (
+            "a place in line is kept a microsecond too long",
+            Sources::common_with("if b <= now then", "if b < now then"),
+        ),
+        (
+            "waiters who joined at the same instant are not ordered",
+            Sources::common_with(" or (e[2] == arrival and e[1] < token)", ""),
+        ),
+        (
+            "an admitted acquire keeps its place in line",
+            Sources::acquire_with("redis.call('HDEL', waiting, token)", ""),
+        ),
+        (
+            "an abandoned acquire keeps its place in line",
+            Sources::release_with("redis.call('HDEL', waiting, token)", ""),
+        ),
+        (
+            "a waiter that asks again loses its place",
+            Sources::common_with("arrival, present = a, true", "arrival, present = now, true"),
+        ),
+        (
+            "the waiters ahead are owed one gap in all",
+            Sources::acquire_with("ahead * min_delay", "min_delay"),
+        ),
+        (
+            "the waiters ahead keep no slots of the cap",
+            Sources::acquire_with(
+                "ZCARD', leases) + ahead + weight > cap",
+                "ZCARD', leases) + weight > cap",
+            ),
+        ),
+        (
+            "a place lapses when its wait ends, without the patience",
+            Sources::acquire_with("now + wait + patience", "now + wait"),
+        ),
+        (
+            "an acquire without patience reads the line",
+            Sources::acquire_with("if ok and patience > 0 then", "if ok then"),
+        ),
+        (
+            "an unparseable place counts as lapsed",
+            Sources::common_with(
+                "if a == nil then\n      garbage()",
+                "if a == nil then\n      a, b = '0', '0'",
+            ),
         ),
     ];
     for (bug, sources) in mutants {

@@ -40,6 +40,7 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
         "pttl",
         "pexpire",
         "zscore",
+        "hgetall",
     ];
     for cap in [0u32, 3] {
         let l = limiter(

@@ -5,15 +5,19 @@
 //! Rust, from DESIGN.md's rules rather than from the Lua: a host has a gate (no send
 //! before `next`; in serialized mode one holder with a lease deadline), leases (lease
 //! mode: one member per unit of weight, scored by deadline), admissions (the quota:
-//! each one kept, or for large quotas counted in buckets), and voided tokens (acquires
-//! abandoned before they ran). [`Model`] decides admit, wait or full for `acquire` and
+//! each one kept, or for large quotas counted in buckets), voided tokens (acquires
+//! abandoned before they ran) and the waiting line across replicas (acquires told to
+//! wait, each in line from its first refusal while it asks again in time, the earlier
+//! ones going first). [`Model`] decides admit, wait or full for `acquire` and
 //! answers `release`, abandon, `renew` and `penalize` exactly as the scripts reply, so
 //! that the differential test (`tests/model/main.rs`) can run one sequence of
 //! operations against both and demand the same answer at every step.
 //!
-//! Garbage (a key of the wrong type, an unparseable `next`) is part of the model: a
-//! script that meets it replaces the host's state with a fresh hold (see `heal` in
-//! `common.lua`), and which operations meet it depends on which keys they read.
+//! Garbage (a key of the wrong type, an unparseable `next` or place in line) is part of
+//! the model: a script that meets it replaces the host's state with a fresh hold (see
+//! `heal` in `common.lua`), and which operations meet it depends on which keys they read;
+//! what is replaced depends on which keys they are given (each script only the keys it
+//! uses, as the limiter calls them).
 
 use std::collections::BTreeMap;
 
@@ -41,7 +45,7 @@ pub struct Policy {
     pub bucket: Us,
 }
 
-/// One of a host's four keys, in the order the scripts take them (`KEYS[1..4]`).
+/// One of a host's five keys, in the order the scripts take them (`KEYS[1..5]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Key {
     /// The hash: next, holder, busy and the booking record.
@@ -52,11 +56,19 @@ pub enum Key {
     Admits,
     /// The sorted set of voided tokens.
     Void,
+    /// The hash of the waiting line: token -> "<arrival> <by>".
+    Waiting,
 }
 
 impl Key {
-    /// All four, in `KEYS` order.
-    pub const ALL: [Key; 4] = [Key::Gate, Key::Leases, Key::Admits, Key::Void];
+    /// All five, in `KEYS` order: what acquire and release are given.
+    pub const ALL: [Key; 5] = [Key::Gate, Key::Leases, Key::Admits, Key::Void, Key::Waiting];
+    /// What renew is given (and heals).
+    pub const RENEW: [Key; 2] = [Key::Gate, Key::Leases];
+    /// What adopt is given.
+    pub const ADOPT: [Key; 3] = [Key::Gate, Key::Leases, Key::Admits];
+    /// What penalize and backoff are given.
+    pub const GATE: [Key; 1] = [Key::Gate];
 
     fn index(self) -> usize {
         self as usize
@@ -68,6 +80,25 @@ pub type AcquireReply = [i64; 3];
 
 /// A script met garbage: the host's state is to be replaced.
 struct Garbage;
+
+/// An entry of the waiting line, as the script parses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In line since `arrival`; it lapses once the clock reaches `by` (the latest it
+    /// was told it would ask again).
+    Live { arrival: Us, by: Us },
+    /// Text that does not parse (as a test writes with `HSET`).
+    Unparseable,
+}
+
+/// What an acquire of a token with patience would find in the waiting line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Line {
+    /// Live places before the token's (or before `now`, when it has none).
+    pub ahead: usize,
+    /// Places that lapsed, which the acquire drops.
+    pub lapsed: usize,
+}
 
 /// The model of one host.
 #[derive(Debug, Clone)]
@@ -95,8 +126,11 @@ pub struct Model {
     buckets: BTreeMap<i64, (i64, Us)>,
     /// Voided tokens and until when they matter.
     void: BTreeMap<String, Us>,
+    /// The waiting line: token -> its place, lapsed ones included until an acquire
+    /// with patience drops them.
+    waiting: BTreeMap<String, Place>,
     /// Keys replaced by something of the wrong type.
-    wrong_type: [bool; 4],
+    wrong_type: [bool; 5],
 }
 
 impl Model {
@@ -116,7 +150,8 @@ impl Model {
             admits: BTreeMap::new(),
             buckets: BTreeMap::new(),
             void: BTreeMap::new(),
-            wrong_type: [false; 4],
+            waiting: BTreeMap::new(),
+            wrong_type: [false; 5],
         }
     }
 
@@ -127,7 +162,13 @@ impl Model {
 
     /// `key` now holds a value of the wrong type (as a test writes with `SET`).
     pub fn corrupt(&mut self, key: Key) {
+        self.clear(key);
         self.wrong_type[key.index()] = true;
+    }
+
+    /// `key` no longer exists.
+    fn clear(&mut self, key: Key) {
+        self.wrong_type[key.index()] = false;
         match key {
             Key::Gate => {
                 self.next = 0;
@@ -145,6 +186,7 @@ impl Model {
                 self.buckets.clear();
             }
             Key::Void => self.void.clear(),
+            Key::Waiting => self.waiting.clear(),
         }
     }
 
@@ -154,6 +196,63 @@ impl Model {
         if !self.wrong_type[Key::Gate.index()] {
             self.next_unparseable = true;
         }
+    }
+
+    /// `token`'s place in the waiting line now holds text that does not parse. Does
+    /// nothing when the line is of the wrong type.
+    pub fn corrupt_place(&mut self, token: &str) {
+        if !self.wrong_type[Key::Waiting.index()] {
+            self.waiting.insert(token.to_owned(), Place::Unparseable);
+        }
+    }
+
+    /// Whether a place in the waiting line holds text that does not parse.
+    pub fn line_unparseable(&self) -> bool {
+        self.waiting.values().any(|p| *p == Place::Unparseable)
+    }
+
+    /// When `token`'s place in the waiting line lapses; `None` when it has none (or
+    /// its place does not parse).
+    pub fn lapses(&self, token: &str) -> Option<Us> {
+        match self.waiting.get(token) {
+            Some(&Place::Live { by, .. }) => Some(by),
+            _ => None,
+        }
+    }
+
+    /// What an acquire of `token` with patience at `now` finds in the waiting line
+    /// (nothing when it is garbage: the acquire heals it instead).
+    pub fn line(&self, now: Us, token: &str) -> Line {
+        if self.wrong_type[Key::Waiting.index()] || self.line_unparseable() {
+            return Line::default();
+        }
+        let lapsed = self
+            .waiting
+            .values()
+            .filter(|p| matches!(p, Place::Live { by, .. } if *by <= now))
+            .count();
+        Line {
+            ahead: self.place(now, token).0,
+            lapsed,
+        }
+    }
+
+    /// How many live places of the line are before `token`'s, and when it joined
+    /// (`now` when it has no live place): a place is before another when it joined
+    /// earlier, or at the same instant with a smaller token.
+    fn place(&self, now: Us, token: &str) -> (usize, Us) {
+        let live = |place: &Place| match *place {
+            Place::Live { arrival, by } if by > now => Some(arrival),
+            _ => None,
+        };
+        let arrival = self.waiting.get(token).and_then(live).unwrap_or(now);
+        let ahead = self
+            .waiting
+            .iter()
+            .filter_map(|(t, place)| live(place).map(|a| (a, t.as_str())))
+            .filter(|&other| other < (arrival, token))
+            .count();
+        (ahead, arrival)
     }
 
     /// Whether `key` holds a value of the wrong type.
@@ -188,6 +287,7 @@ impl Model {
                 self.buckets.len()
             }),
             void: count(self.void.len()),
+            waiting: count(self.waiting.len()),
         }
     }
 
@@ -217,6 +317,15 @@ impl Model {
                     .map_or(0, |latest| latest + self.policy.window)
             }
             Key::Void => self.void.values().copied().max().unwrap_or(0),
+            Key::Waiting => self
+                .waiting
+                .values()
+                .filter_map(|place| match *place {
+                    Place::Live { by, .. } => Some(by),
+                    Place::Unparseable => None,
+                })
+                .max()
+                .unwrap_or(0),
         };
         (until - now).max(0)
     }
@@ -238,27 +347,38 @@ impl Model {
         }
     }
 
-    /// Fresh state holding the host for `hold` from `now`.
-    fn heal(&mut self, now: Us, hold: Us) {
-        *self = Self::new(self.policy);
+    /// Fresh state holding the host for `hold` from `now`, in the `keys` the script
+    /// was given (the others keep what they hold, garbage included).
+    fn heal(&mut self, now: Us, hold: Us, keys: &[Key]) {
+        for &key in keys {
+            self.clear(key);
+        }
         self.next = now + hold;
     }
 
-    /// `acquire` for `token` of `weight` at `now`: `[1, now, ahead]` when admitted
-    /// (to send `ahead` from now), `[0, wait, full]` when refused, `[0, 0, 2]` when the
-    /// token was voided, `[0, lease_ttl, 3]` when garbage was replaced.
-    pub fn acquire(&mut self, now: Us, token: &str, weight: u32) -> AcquireReply {
-        match self.try_acquire(now, token, weight) {
+    /// `acquire` for `token` of `weight` at `now`, in the waiting line when `patience`
+    /// (how long after its wait it will have asked again) is above 0: `[1, now, ahead]`
+    /// when admitted (to send `ahead` from now), `[0, wait, full]` when refused,
+    /// `[0, 0, 2]` when the token was voided, `[0, lease_ttl, 3]` when garbage was
+    /// replaced.
+    pub fn acquire(&mut self, now: Us, token: &str, weight: u32, patience: Us) -> AcquireReply {
+        match self.try_acquire(now, token, weight, patience) {
             Ok(reply) => reply,
             Err(Garbage) => {
                 let hold = self.policy.lease_ttl;
-                self.heal(now, hold);
+                self.heal(now, hold, &Key::ALL);
                 [0, hold, 3]
             }
         }
     }
 
-    fn try_acquire(&mut self, now: Us, token: &str, weight: u32) -> Result<AcquireReply, Garbage> {
+    fn try_acquire(
+        &mut self,
+        now: Us,
+        token: &str,
+        weight: u32,
+        patience: Us,
+    ) -> Result<AcquireReply, Garbage> {
         let p = self.policy;
         let w = i64::from(weight);
         self.touch(Key::Void)?;
@@ -269,6 +389,13 @@ impl Model {
         if p.quota > 0 {
             self.touch(Key::Admits)?;
         }
+        // Only an acquire with patience reads the line (and so meets its garbage).
+        if patience > 0 {
+            self.touch(Key::Waiting)?;
+            if self.line_unparseable() {
+                return Err(Garbage);
+            }
+        }
 
         // Leases past their deadline are free; admissions a window old no longer count.
         if p.cap != 0 {
@@ -277,6 +404,16 @@ impl Model {
         if p.quota > 0 && p.bucket == 0 {
             self.admits.retain(|_, at| *at + p.window > now);
         }
+        // Places whose waiter did not ask again in time are dropped, this one's too
+        // (it then joins afresh, at the back), even when the token turns out voided.
+        let (ahead, arrival) = if patience > 0 {
+            self.waiting
+                .retain(|_, place| !matches!(place, Place::Live { by, .. } if *by <= now));
+            self.place(now, token)
+        } else {
+            (0, now)
+        };
+        let ahead = i64::try_from(ahead).unwrap_or(i64::MAX);
         if self.void.remove(token).is_some() {
             return Ok([0, 0, 2]);
         }
@@ -300,12 +437,41 @@ impl Model {
             let room = i64::from(p.quota) - w;
             wait = wait.max(self.quota_wait(now, room));
         }
-        if full || wait > p.horizon {
-            return Ok([0, wait.max(0).min(p.max_wait), i64::from(full)]);
+
+        // Earlier waiters go first. Without a gap in lease mode, each one ahead keeps a
+        // slot of the cap; else this one is refused, told to wait a gap per waiter
+        // ahead (or, serialized, as when full).
+        let mut behind = false;
+        if ahead > 0 && p.cap != 0 && p.min_delay == 0 {
+            if self.leases.len() as i64 + ahead + w > i64::from(p.cap) {
+                full = true;
+            }
+        } else if ahead > 0 {
+            behind = true;
+            if p.cap == 0 {
+                full = true;
+            } else if !full {
+                wait = wait.max(0) + ahead * p.min_delay;
+            }
+        }
+        if full || wait > p.horizon || behind {
+            let wait = wait.max(0).min(p.max_wait);
+            if patience > 0 {
+                // In line (keeping its place, if it had one) until it was told it
+                // would have asked again.
+                let by = now + wait + patience;
+                self.waiting
+                    .insert(token.to_owned(), Place::Live { arrival, by });
+            }
+            return Ok([0, wait, i64::from(full)]);
         }
 
-        let ahead = wait.max(0);
-        let at = now + ahead;
+        // Admitted: out of line.
+        if patience > 0 {
+            self.waiting.remove(token);
+        }
+        let soon = wait.max(0);
+        let at = now + soon;
         let before = next;
         let next = next.max(at + p.min_delay);
         let deadline = at + p.lease_ttl;
@@ -331,7 +497,7 @@ impl Model {
             }
             self.count(token, weight, at);
         }
-        Ok([1, now, ahead])
+        Ok([1, now, soon])
     }
 
     /// Counts `weight` units of `token` admitted at `at` in the quota.
@@ -391,7 +557,7 @@ impl Model {
         match self.try_release(now, token, weight, abandoned, admitted) {
             Ok(reply) => reply,
             Err(Garbage) => {
-                self.heal(now, self.policy.lease_ttl);
+                self.heal(now, self.policy.lease_ttl, &Key::ALL);
                 0
             }
         }
@@ -419,6 +585,9 @@ impl Model {
         };
 
         if abandoned {
+            // An acquire dropped while it waited leaves the line.
+            self.touch(Key::Waiting)?;
+            self.waiting.remove(token);
             // What it took of the quota is handed back.
             if p.bucket == 0 {
                 self.touch(Key::Admits)?;
@@ -476,7 +645,7 @@ impl Model {
         let p = self.policy;
         let key = if p.cap == 0 { Key::Gate } else { Key::Leases };
         if self.touch(key).is_err() {
-            self.heal(now, p.lease_ttl);
+            self.heal(now, p.lease_ttl, &Key::RENEW);
             return 0;
         }
         let deadline = now + p.lease_ttl;
@@ -504,7 +673,7 @@ impl Model {
     /// hold, 0 when a longer one was in place.
     pub fn penalize(&mut self, now: Us, hold: Us) -> i64 {
         let Ok(next) = self.next() else {
-            self.heal(now, hold.max(self.policy.lease_ttl));
+            self.heal(now, hold.max(self.policy.lease_ttl), &Key::GATE);
             return 1;
         };
         // A hold `next` already covers must outlast any abandon's rollback.
@@ -523,7 +692,7 @@ impl Model {
     /// gap, 0 when the host no longer backs off.
     pub fn backoff(&mut self, now: Us, widen: bool, start: Us, max: Us) -> i64 {
         let Ok(next) = self.next() else {
-            self.heal(now, start.max(self.policy.lease_ttl));
+            self.heal(now, start.max(self.policy.lease_ttl), &Key::GATE);
             return if widen { start } else { 0 };
         };
         self.booked = None;
@@ -552,7 +721,7 @@ impl Model {
         match self.try_adopt(now, token, weight, ago) {
             Ok(reply) => reply,
             Err(Garbage) => {
-                self.heal(now, self.policy.lease_ttl);
+                self.heal(now, self.policy.lease_ttl, &Key::ADOPT);
                 0
             }
         }
@@ -593,7 +762,8 @@ impl Model {
 }
 
 /// What a host's keys hold, as a test reads it back: the gate's `next`, the members of
-/// the leases, the admissions (members, or buckets when bucketed) and the voided tokens.
+/// the leases, the admissions (members, or buckets when bucketed), the voided tokens and
+/// the places in the waiting line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
     /// The gate's `next` (0 when unset).
@@ -606,6 +776,9 @@ pub struct State {
     pub admits: i64,
     /// Members of the void set.
     pub void: i64,
+    /// Fields of the waiting line (lapsed places an acquire has not dropped yet and
+    /// unparseable ones included).
+    pub waiting: i64,
 }
 
 /// The members a request of `weight` is kept as: its token, then `token#2` ...

@@ -19,6 +19,7 @@ use crate::{ConfigError, HostKey};
 /// | `leases` | ZSET | lease mode: token → lease deadline |
 /// | `admits` | ZSET | quota: token → admission instant |
 /// | `void` | ZSET | tokens of acquires abandoned before they ran → expiry |
+/// | `waiting` | HASH | the waiting line across replicas: token → "arrival deadline" |
 ///
 /// Instants are microseconds on the Redis server's clock. Every key carries a
 /// TTL covering what it protects, plus one second.
@@ -32,6 +33,9 @@ pub struct RedisKeys {
     pub admits: String,
     /// The ZSET of abandoned acquires that must book nothing if they run.
     pub void: String,
+    /// The HASH of the waiting line across replicas: the acquires told to
+    /// wait, by when they joined, kept while they keep asking.
+    pub waiting: String,
 }
 
 impl RedisKeys {
@@ -44,6 +48,7 @@ impl RedisKeys {
             leases: format!("{base}:leases"),
             admits: format!("{base}:admits"),
             void: format!("{base}:void"),
+            waiting: format!("{base}:waiting"),
         }
     }
 
@@ -61,8 +66,14 @@ impl RedisKeys {
     }
 
     /// The keys in the order the scripts take them.
-    pub(crate) fn all(&self) -> [&str; 4] {
-        [&self.gate, &self.leases, &self.admits, &self.void]
+    pub(crate) fn all(&self) -> [&str; 5] {
+        [
+            &self.gate,
+            &self.leases,
+            &self.admits,
+            &self.void,
+            &self.waiting,
+        ]
     }
 }
 

@@ -33,8 +33,23 @@ use crate::{
 /// the script reads the clock with Redis `TIME`, so replicas need not agree
 /// on the time. The answer is admission, or how long to wait: the caller
 /// sleeps exactly that (plus jitter) and asks again. Nothing is booked for
-/// a caller that gives up, so cancellation needs no clean-up. Releases are
-/// sent off the caller's path, on a spawned task.
+/// a caller that gives up; one that had been told to wait gives up its
+/// place in the waiting line (below) with one call off its path. Releases
+/// are sent off the caller's path, on a spawned task.
+///
+/// # The waiting line
+///
+/// Replicas saturating a host take turns: a request of weight 1 that Redis
+/// told to wait joins the host's waiting line (a hash beside its gate) and
+/// keeps its place while it asks again in time (within its retry interval,
+/// jitter and 100 ms after the wait it was told); every waiter that joined
+/// earlier goes first. In serialized mode, or with a `min_delay`, one at a
+/// time; in lease mode without one, each waiter ahead keeps a slot of the
+/// cap. Within a process, waiters still queue in priority and arrival
+/// order, and one of them asks Redis at a time. A waiter whose process
+/// died holds the line up until its place lapses; one whose caller gave up
+/// leaves it at once. Heavier requests stay out of the line and are never
+/// held back by it (best fit, as in process).
 ///
 /// # Two modes
 ///
@@ -232,7 +247,16 @@ pub(super) struct Args {
     /// When the request was admitted, on the Redis clock (0 until it is,
     /// or when unknown): where a bucketed quota counted it.
     pub(super) admitted_us: u64,
+    /// How long after the wait it was told a waiter of weight 1 will have
+    /// asked again at the latest (the retry, jitter and [`LINE_SLACK`]):
+    /// it keeps its place in the waiting line across replicas until then.
+    pub(super) patience_us: u64,
 }
+
+/// Slack for a waiter that asks again late (its process busy) before it
+/// loses its place in the waiting line; also about how long a waiter that
+/// died in line holds up the others.
+pub(super) const LINE_SLACK: Duration = Duration::from_millis(100);
 
 /// Quotas up to this many admissions per window keep each admission in
 /// Redis (a sorted set of tokens, about 60 bytes each); larger ones keep
@@ -471,6 +495,8 @@ impl RedisLimiterBuilder {
                     weight: 1,
                     bucket_us: quota_buckets(pacing.quota(), window_us),
                     admitted_us: 0,
+                    patience_us: (concurrency_retry + pacing.jitter() + LINE_SLACK).as_micros()
+                        as u64,
                 }
             })
             .collect();
@@ -934,6 +960,9 @@ impl Shared {
         let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &key));
         let token = new_token();
         let runtime = Handle::current();
+        // Told to wait, a request of weight 1 is in the waiting line across
+        // replicas; one that ends without an admission leaves it.
+        let in_line = InLine::new(self, &keys, &token, &runtime, args);
         let mut retried_after_release = false;
         loop {
             // A full host may be full of this process's own requests whose
@@ -950,7 +979,7 @@ impl Shared {
                 report.abandon();
                 return Err(circuit_open(Op::Acquire));
             }
-            let booking = Booking::new(self, &keys, &token, &runtime, args);
+            let booking = Booking::new(self, &keys, &token, &runtime, args, Some(&in_line));
             let horizon = self.horizon(policy, deadline);
             let asked = self.try_acquire(&keys, &token, args, horizon);
             let sent = Instant::now();
@@ -968,6 +997,8 @@ impl Shared {
             }
             let (wait, full) = match answer {
                 Ok(Answer::Admitted { ahead, at_us }) => {
+                    // Admitted, it left the line.
+                    in_line.disarm();
                     args.admitted_us = at_us;
                     // The next caller of this process may book the slot
                     // after this one while this one waits for its own.
@@ -992,7 +1023,10 @@ impl Shared {
                         .map(|permit| permit.waited_for(waited))
                         .ok_or(Error::Closed);
                 }
-                Ok(Answer::Wait { wait, full }) => (wait, full),
+                Ok(Answer::Wait { wait, full }) => {
+                    in_line.arm(args.weight == 1);
+                    (wait, full)
+                }
                 Err(err) => {
                     self.hooks.on_error(Op::Acquire, &err);
                     tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
@@ -1118,7 +1152,9 @@ impl Shared {
                     .arg(args.max_wait_us)
                     .arg(args.weight)
                     .arg(horizon.as_micros() as u64)
-                    .arg(args.bucket_us);
+                    .arg(args.bucket_us)
+                    // Heavier requests stay out of the line (best fit).
+                    .arg(if args.weight > 1 { 0 } else { args.patience_us });
             })
             .await;
         self.circuit.observe(&reply);
@@ -1193,18 +1229,7 @@ impl Shared {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
-            let released = RELEASE
-                .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
-                    cmd.arg(token)
-                        .arg(args.min_delay_us)
-                        .arg(args.cap)
-                        .arg(u8::from(abandoned))
-                        .arg(self.lease_ttl_us)
-                        .arg(args.weight)
-                        .arg(args.bucket_us)
-                        .arg(args.admitted_us);
-                })
-                .await;
+            let released = self.call_release(keys, token, abandoned, args).await;
             self.circuit.observe(&released);
             let Err(e) = released else { return };
             let err = unavailable(Op::Release, e);
@@ -1219,6 +1244,39 @@ impl Shared {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// Takes `token` out of the waiting line: one abandon (which also voids
+    /// the token, should a call of its own still be on its way), not
+    /// retried. Failures are only logged: the place lapses by itself.
+    async fn leave(&self, keys: &RedisKeys, token: &str, args: Args) {
+        let left = self.call_release(keys, token, true, args).await;
+        self.circuit.observe(&left);
+        if let Err(e) = left {
+            tracing::debug!(gate = %keys.gate, error = %e, "leaving the waiting line failed; the place lapses");
+        }
+    }
+
+    /// One call of the release script (see [`release`](Self::release)).
+    async fn call_release(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        abandoned: bool,
+        args: Args,
+    ) -> Result<i64, QueryError> {
+        RELEASE
+            .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+                cmd.arg(token)
+                    .arg(args.min_delay_us)
+                    .arg(args.cap)
+                    .arg(u8::from(abandoned))
+                    .arg(self.lease_ttl_us)
+                    .arg(args.weight)
+                    .arg(args.bucket_us)
+                    .arg(args.admitted_us);
+            })
+            .await
     }
 
     /// Registers a request in flight since `ago` (admitted in-process while
@@ -1246,7 +1304,7 @@ impl Shared {
         let runtime = Handle::current();
         // Dropped mid-call, or lost with its connection, the script may still
         // have booked the slot: the guard then releases it.
-        let booking = Booking::new(self, &keys, &token, &runtime, args);
+        let booking = Booking::new(self, &keys, &token, &runtime, args, None);
         let ago_us = u64::try_from(ago.as_micros())
             .unwrap_or(u64::MAX)
             .min(crate::MAX_MICROS);
@@ -1506,6 +1564,9 @@ struct Booking<'a> {
     runtime: &'a Handle,
     args: Args,
     armed: bool,
+    /// The acquire's place in the waiting line (adopt has none), which
+    /// the abandon this sends also gives up.
+    line: Option<&'a InLine>,
 }
 
 impl<'a> Booking<'a> {
@@ -1516,6 +1577,7 @@ impl<'a> Booking<'a> {
         token: &'a Arc<str>,
         runtime: &'a Handle,
         args: Args,
+        line: Option<&'a InLine>,
     ) -> Self {
         Self {
             shared,
@@ -1524,6 +1586,7 @@ impl<'a> Booking<'a> {
             runtime,
             args,
             armed: true,
+            line,
         }
     }
 
@@ -1573,7 +1636,75 @@ async fn within<T>(deadline: Option<Instant>, call: impl Future<Output = T>) -> 
 impl Drop for Booking<'_> {
     fn drop(&mut self) {
         if self.armed {
+            if let Some(line) = self.line {
+                line.disarm();
+            }
             Pending::new(self.shared).send(self.runtime, self.keys, self.token, true, self.args);
         }
+    }
+}
+
+/// An acquire's place in the waiting line across replicas (see
+/// acquire.lua): armed once Redis told it to wait, disarmed when it is
+/// admitted (which takes it out of the line). An acquire that ends
+/// otherwise (its deadline, an error, dropped by its caller) sends one
+/// abandon off the caller's path, so that the waiters behind it need not
+/// wait for its place to lapse (the patience it was given). Not retried:
+/// the place lapses anyway.
+struct InLine {
+    shared: Arc<Shared>,
+    keys: Arc<RedisKeys>,
+    token: Arc<str>,
+    runtime: Handle,
+    args: Args,
+    armed: AtomicBool,
+}
+
+impl InLine {
+    fn new(
+        shared: &Arc<Shared>,
+        keys: &Arc<RedisKeys>,
+        token: &Arc<str>,
+        runtime: &Handle,
+        args: Args,
+    ) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            keys: Arc::clone(keys),
+            token: Arc::clone(token),
+            runtime: runtime.clone(),
+            args,
+            armed: AtomicBool::new(false),
+        }
+    }
+
+    /// Told to wait: in line when `joined` (requests of weight 1).
+    fn arm(&self, joined: bool) {
+        if joined {
+            self.armed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Out of line: admitted, or its abandon sent another way.
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Drop for InLine {
+    fn drop(&mut self) {
+        // A Redis the circuit holds off is not asked; the place lapses.
+        if !*self.armed.get_mut() || self.shared.circuit.waiting() {
+            return;
+        }
+        let (shared, keys, token, args) = (
+            Arc::clone(&self.shared),
+            Arc::clone(&self.keys),
+            Arc::clone(&self.token),
+            self.args,
+        );
+        self.runtime.spawn(async move {
+            shared.leave(&keys, &token, args).await;
+        });
     }
 }

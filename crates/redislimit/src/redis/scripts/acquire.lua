@@ -13,6 +13,9 @@
 --                       above 16, a HASH of buckets instead (see buckets)
 -- KEYS[4] void    ZSET  token -> expiry (µs): acquires abandoned before
 --                       they ran, which must book nothing when they do run
+-- KEYS[5] waiting HASH  token -> "<arrival> <by>": the waiting line across
+--                       replicas (see line in common.lua); an entry lives
+--                       while now < by
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
 -- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
 -- ARGV[8] weight: slots of the cap and units of the quota it takes (1 in
@@ -21,6 +24,10 @@
 --         at its end (0: only a free host admits)
 -- ARGV[10] bucket: 0 when `admits` keeps each admission (a ZSET), else the
 --         width (µs) of its buckets (a HASH; see buckets in common.lua)
+-- ARGV[11] patience: 0 when this acquire stays out of the waiting line (a
+--         request heavier than 1), else how long (µs) after the wait it is
+--         told it will have asked again at the latest; it keeps its place
+--         in line until then
 --
 -- Returns {1, now, ahead} when admitted: send in `ahead` µs (0: at once;
 -- the slot is booked for then), or {0, wait, full}: no send for `wait` µs,
@@ -29,11 +36,12 @@
 -- {0, lease_ttl, 3} when the host's state was of the wrong type or
 -- unparseable: it was replaced by fresh state holding the host for
 -- lease_ttl (see heal in common.lua), and nothing else was written.
-local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local gate, leases, admits, void, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token = ARGV[1]
 local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local weight, horizon, width = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local patience = tonumber(ARGV[11])
 local now = clock()
 
 -- Everything this script decides on is read (and checked) before anything
@@ -58,6 +66,13 @@ if ok and quota > 0 and width > 0 then
 elseif ok and quota > 0 then
   -- An admission at `a` counts while a <= now < a + window.
   ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+end
+-- Waiters in line before this one, and when this one joined it.
+local ahead, arrival, in_line = 0, now, false
+if ok and patience > 0 then
+  ok, err = pcall(function()
+    ahead, arrival, in_line = line(waiting, token, now)
+  end)
 end
 if err and not ok and not is_garbage(err) then
   error(err)
@@ -105,16 +120,41 @@ elseif quota > 0 then
   end
 end
 
-if full == 1 or wait > horizon then
+-- Waiters that joined the line earlier go first. With a gap, or in
+-- serialized mode, one at a time: this one is refused (told when its turn
+-- could come: a gap after each waiter ahead, or as when full); in lease
+-- mode without a gap, each waiter ahead keeps a slot of the cap.
+local behind = false
+if ahead > 0 and cap ~= 0 and min_delay == 0 then
+  if redis.call('ZCARD', leases) + ahead + weight > cap then
+    full = 1
+  end
+elseif ahead > 0 then
+  behind = true
+  if cap == 0 then
+    full = 1
+  elseif full == 0 then
+    wait = math.max(wait, 0) + ahead * min_delay
+  end
+end
+
+if full == 1 or wait > horizon or behind then
   -- A clock that stepped back, or a value from elsewhere, never asks for
   -- more than the longest wait this configuration can produce.
-  return {0, math.min(math.max(wait, 0), max_wait), full}
+  wait = math.min(math.max(wait, 0), max_wait)
+  if patience > 0 then
+    join(waiting, token, arrival, now + wait + patience, now)
+  end
+  return {0, wait, full}
 end
 
 -- Admitted now, or booked for the end of a wait within the horizon: the
 -- request counts (in flight, in the quota, for the gap) from its slot.
-local ahead = math.max(wait, 0)
-local at = now + ahead
+if in_line then
+  redis.call('HDEL', waiting, token)
+end
+local soon = math.max(wait, 0)
+local at = now + soon
 local before = nxt
 nxt = math.max(nxt, at + min_delay)
 book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, before)
@@ -124,4 +164,4 @@ elseif quota > 0 then
   zadd_all(admits, int(at), token, weight)
   extend(admits, at + window - now)
 end
-return {1, now, ahead}
+return {1, now, soon}

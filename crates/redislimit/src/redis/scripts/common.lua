@@ -198,6 +198,57 @@ local function bucket_remove(admits, at, weight, width)
   end
 end
 
+-- The waiting line: requests of weight 1 that were told to wait join it
+-- (HASH `waiting`: token -> "<arrival> <by>", Redis clock, µs) and keep
+-- their place while they ask again before `by`; one that does not (its
+-- acquire dropped, its replica dead) is dropped from the line. A waiter
+-- goes before every other that joined later (ties: by token), so each
+-- replica's waiters take their turns in the order they began to wait.
+
+-- How many live waiters of `waiting` are in line before `token`, when
+-- `token` joined (`now` when it is not in line yet) and whether it is in
+-- line; drops the entries whose `by` has passed.
+local function line(waiting, token, now)
+  local raw = redis.call('HGETALL', waiting)
+  if #raw == 0 then
+    return 0, now, false
+  end
+  local entries, dead = {}, {}
+  local arrival, present = now, false
+  for i = 1, #raw, 2 do
+    local a, b = string.match(raw[i + 1], '^(%d+) (%d+)$')
+    if a == nil then
+      garbage()
+    end
+    a, b = tonumber(a), tonumber(b)
+    if b <= now then
+      dead[#dead + 1] = raw[i]
+    else
+      entries[#entries + 1] = {raw[i], a}
+      if raw[i] == token then
+        arrival, present = a, true
+      end
+    end
+  end
+  if #dead > 0 then
+    batched('HDEL', waiting, {}, dead, 256)
+  end
+  local ahead = 0
+  for _, e in ipairs(entries) do
+    if e[2] < arrival or (e[2] == arrival and e[1] < token) then
+      ahead = ahead + 1
+    end
+  end
+  return ahead, arrival, present
+end
+
+-- Puts `token` in line (or keeps its place), joined at `arrival`, to ask
+-- again before `by`.
+local function join(waiting, token, arrival, by, now)
+  redis.call('HSET', waiting, token, int(arrival) .. ' ' .. int(by))
+  extend(waiting, by - now)
+end
+
 -- Books `token` a slot on a host for a send at `at` (now, or a moment
 -- ahead), until `at + lease_ttl`: in serialized mode (cap 0) as the holder
 -- of the gate, in lease mode as `weight` leases; and no send before `nxt`.

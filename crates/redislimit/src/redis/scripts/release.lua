@@ -1,12 +1,13 @@
 -- release.lua: a request is complete (or its acquire was abandoned).
 --
 -- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   KEYS[4] void
---                                                     (layout in acquire.lua)
+-- KEYS[5] waiting                                     (layout in acquire.lua)
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency
 -- ARGV[4] 1 when the acquire was abandoned before its caller saw the
 --         admission (or before its booked slot came): undo it without
 --         counting a completion, and if it has not run yet, make sure it
---         books nothing when it does
+--         books nothing when it does; an acquire dropped while it
+--         waited is abandoned too, and leaves the waiting line
 -- ARGV[5] lease_ttl (how long an abandoned acquire may still arrive)
 -- ARGV[6] weight (its members in leases and admits)
 -- ARGV[7] bucket width (µs; 0: admits keeps each admission by token)
@@ -15,7 +16,7 @@
 -- Returns 1 when the token still held its slot, 0 when it no longer did
 -- (its lease lapsed, or it was never admitted, or the host's state was
 -- garbage and has been replaced: see heal in common.lua).
-local gate, leases, admits, void = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local gate, leases, admits, void, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, min_delay = ARGV[1], tonumber(ARGV[2])
 local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local weight, width, admitted = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -30,6 +31,8 @@ else
 end
 
 if abandoned then
+  -- An acquire dropped while it waited leaves the line.
+  redis.call('HDEL', waiting, token)
   if width == 0 then
     zrem_all(admits, token, weight)
   elseif admitted > 0 then
