@@ -9,6 +9,7 @@ mod circuit;
 mod clock_ahead;
 mod cost;
 mod degraded;
+mod fairness;
 mod faults;
 mod garbage;
 mod leases;

@@ -1,0 +1,154 @@
+//! The waiting line across replicas: replicas saturating one host take
+//! turns, judged from the order of the sends, and a waiter that gives up
+//! leaves the line at once instead of holding up the waiters behind it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redislimit::{Limiter, RedisKeys};
+use redislimit_tests::RedisServer;
+use redislimit_tests::record::{Request, assert_serialized, min_send_gap};
+use redislimit_tests::resp::Reply;
+
+use crate::modes::SLACK;
+use crate::{MS, bounded, drive_all, host, limiter, standalone};
+
+const REPLICAS: usize = 3;
+const TASKS: usize = 4;
+const PER_TASK: usize = 5;
+
+/// The longest run of consecutive sends from one replica, among the sends
+/// before the first replica's last one (after it, the others have the host
+/// to themselves and take it in turns of their own).
+fn longest_run(sends: &[Request]) -> usize {
+    let first_done = (0..REPLICAS)
+        .map(|r| sends.iter().rposition(|s| s.replica == r).unwrap())
+        .min()
+        .unwrap();
+    let mut longest = 0;
+    let mut run = 0;
+    for (i, s) in sends[..=first_done].iter().enumerate() {
+        run = if i > 0 && sends[i - 1].replica == s.replica {
+            run + 1
+        } else {
+            1
+        };
+        longest = longest.max(run);
+    }
+    longest
+}
+
+fn order(sends: &[Request]) -> String {
+    sends.iter().map(|s| s.replica.to_string()).collect()
+}
+
+/// Without the line, a replica whose own release lands first wakes its
+/// next waiter at once, while the others ask again on their retry: it was
+/// seen keeping the host until its queue was empty (runs of 6 and more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_saturating_a_serialized_host_take_turns() {
+    let server = RedisServer::start();
+    let replicas: Vec<Arc<dyn Limiter>> = (0..REPLICAS)
+        .map(|_| {
+            Arc::new(limiter(
+                standalone(&server.url()),
+                |p| p.min_delay(5 * MS).max_concurrent(TASKS as u32),
+                |b| b,
+            )) as Arc<dyn Limiter>
+        })
+        .collect();
+    let recorder = drive_all(&replicas, &["fair.test"], TASKS, PER_TASK, 5 * MS).await;
+    let sends = recorder.host("fair.test");
+    assert_eq!(sends.len(), REPLICAS * TASKS * PER_TASK);
+    assert_serialized(&sends, 5 * MS - SLACK);
+    let run = longest_run(&sends);
+    assert!(
+        run <= 2,
+        "one replica sent {run} in a row while the others waited: {}",
+        order(&sends)
+    );
+}
+
+/// Lease mode with a gap: each waiter ahead takes a slot of its own, and
+/// the replicas take turns at them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_saturating_a_host_in_lease_mode_take_turns() {
+    let server = RedisServer::start();
+    let replicas: Vec<Arc<dyn Limiter>> = (0..REPLICAS)
+        .map(|_| {
+            Arc::new(limiter(
+                standalone(&server.url()),
+                |p| p.min_delay(8 * MS).max_concurrent(TASKS as u32),
+                |b| b.cluster_concurrency(2),
+            )) as Arc<dyn Limiter>
+        })
+        .collect();
+    let recorder = drive_all(&replicas, &["fair.test"], TASKS, PER_TASK, 12 * MS).await;
+    let sends = recorder.host("fair.test");
+    assert_eq!(sends.len(), REPLICAS * TASKS * PER_TASK);
+    let gap = min_send_gap(&sends);
+    assert!(gap + SLACK >= 8 * MS, "sends {gap:?} apart");
+    let run = longest_run(&sends);
+    assert!(
+        run <= 2,
+        "one replica sent {run} in a row while the others waited: {}",
+        order(&sends)
+    );
+}
+
+/// A waiter at the head of the line that gives up (its caller's timeout)
+/// leaves the line: the waiter behind it, on another replica, is admitted
+/// once the host's gap allows, not after the place of the one that left
+/// lapses (five seconds here, its retry interval and slack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_line() {
+    let server = RedisServer::start();
+    let make = |retry: Duration| {
+        limiter(
+            standalone(&server.url()),
+            |p| p.min_delay(300 * MS),
+            move |b| b.cluster_concurrency(10).concurrency_retry(retry),
+        )
+    };
+    let (a, b, c) = (
+        make(Duration::from_millis(50)),
+        make(Duration::from_secs(5)),
+        make(Duration::from_millis(50)),
+    );
+    let h = host("line.test");
+    let keys: RedisKeys = a.keys(&h);
+    let first = a.acquire_host("t", h.clone(), None).await.unwrap();
+    // B asks next and waits at the head of the line, C behind it.
+    let b_waits = tokio::spawn({
+        let (b, h) = (b.clone(), h.clone());
+        async move { b.acquire_host("t", h, None).await }
+    });
+    let waiting = || match server.query(&["HLEN", &keys.waiting]) {
+        Reply::Integer(n) => n,
+        other => panic!("HLEN: {other:?}"),
+    };
+    bounded(5, async {
+        while waiting() < 1 {
+            tokio::time::sleep(MS).await;
+        }
+    })
+    .await;
+    let c_waits = tokio::spawn({
+        let (c, h) = (c.clone(), h.clone());
+        async move { c.acquire_host("t", h, None).await }
+    });
+    bounded(5, async {
+        while waiting() < 2 {
+            tokio::time::sleep(MS).await;
+        }
+    })
+    .await;
+    // B's caller gives up.
+    b_waits.abort();
+    assert!(b_waits.await.unwrap_err().is_cancelled());
+    drop(first);
+    // Well within B's five seconds of patience.
+    let admitted = bounded(2, c_waits).await.unwrap();
+    assert!(admitted.is_ok(), "{admitted:?}");
+    assert_eq!(waiting(), 0, "the line is empty once C is admitted");
+}
