@@ -167,3 +167,48 @@ async fn acquires_refused_by_the_circuit_send_nothing() {
         "{voided} acquires that never reached Redis were voided"
     );
 }
+
+/// Regression (seen in the soak): a crawl's first acquire per host, all at
+/// once, queued thousands of script calls in Redis; the later replies came
+/// after the response timeout, the circuit opened and the fallback paced
+/// alone. The limiter now keeps a crowd of calls waiting in process, so a
+/// crowd of acquires (and then of releases) gets through, however short
+/// the response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_first_acquires_opens_nothing() {
+    const HOSTS: usize = 4000;
+    let server = RedisServer::start();
+    let timeouts = redislimit::RedisTimeouts {
+        response: Duration::from_millis(100),
+        ..redislimit::RedisTimeouts::default()
+    };
+    let pool = redislimit::RedisPool::standalone(&server.url(), timeouts).unwrap();
+    let errors = Arc::new(Errors::default());
+    let hooks = Arc::clone(&errors);
+    let l = Arc::new(limiter(pool, |p| p.min_delay(MS), |b| b.hooks(hooks)));
+    let name = |i: usize| format!("h{i}.crowd.test");
+    let crowd: Vec<_> = (0..HOSTS)
+        .map(|i| {
+            let (l, host) = (Arc::clone(&l), host(&name(i)));
+            tokio::spawn(async move { l.acquire_host("t", host, None).await })
+        })
+        .collect();
+    let mut permits = Vec::with_capacity(HOSTS);
+    for task in crowd {
+        let admitted = bounded(60, task).await.unwrap();
+        permits.push(admitted.unwrap_or_else(|e| panic!("{e:?}")));
+    }
+    // Every release at once, too; close returns once all have landed.
+    drop(permits);
+    bounded(60, l.close(None)).await.unwrap();
+    assert_eq!(errors.0.load(Ordering::SeqCst), 0, "errors reported");
+    for i in [0, HOSTS / 2, HOSTS - 1] {
+        let gate = l.keys(&host(&name(i))).gate;
+        assert_eq!(
+            server.query(&["HGET", &gate, "holder"]),
+            Reply::Bulk(None),
+            "{} still held",
+            name(i)
+        );
+    }
+}

@@ -51,6 +51,10 @@ pub(super) struct Agreement {
     ttl: Duration,
     /// When this limiter last saw the record hold its settings.
     confirmed: Mutex<Option<Instant>>,
+    /// Held while the record is asked for: a crowd of acquires that find
+    /// no fresh confirmation (a crawl's first acquire per host, all at
+    /// once) sends one call, not one each.
+    asking: tokio::sync::Mutex<()>,
 }
 
 impl Agreement {
@@ -106,6 +110,7 @@ impl Agreement {
             settings,
             ttl: longest.saturating_add(Duration::from_secs(1)),
             confirmed: Mutex::new(None),
+            asking: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -136,11 +141,20 @@ impl Shared {
     /// last confirmation while it is fresh, from Redis otherwise (or when
     /// `force`d).
     pub(super) async fn agree(&self, force: bool) -> Result<(), Error> {
-        let asked = Instant::now();
-        if !force && self.agreement.fresh(asked) {
+        if !force && self.agreement.fresh(Instant::now()) {
             return Ok(());
         }
         let a = &self.agreement;
+        let _asking = a.asking.lock().await;
+        let asked = Instant::now();
+        // Confirmed by the call this one waited for; or that call found
+        // Redis not answering, and the circuit now holds off the rest.
+        if !force && a.fresh(asked) {
+            return Ok(());
+        }
+        if !force && self.circuit.waiting() {
+            return Err(super::limiter::circuit_open(Op::Acquire));
+        }
         let ttl_us = a.ttl.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
         let reply = AGREE
             .run::<Vec<String>>(&self.redis, &[a.key.as_str()], |cmd: &mut Cmd| {

@@ -214,6 +214,9 @@ pub(super) struct Shared {
     pub(super) closing: Notify,
     /// Whether Redis is skipped for now after it failed to answer.
     pub(super) circuit: Circuit,
+    /// Turns for the acquire and release calls in flight at once (see
+    /// [`MAX_CALLS`]).
+    pub(super) calls: tokio::sync::Semaphore,
     /// This limiter's part in its scope's configuration record.
     pub(super) agreement: Agreement,
     /// This limiter's entry in its scope's replica registry.
@@ -558,6 +561,7 @@ impl RedisLimiterBuilder {
                 closed: AtomicBool::new(false),
                 closing: Notify::new(),
                 circuit: Circuit::new(),
+                calls: tokio::sync::Semaphore::new(MAX_CALLS),
                 registry: Registry::new(&self.prefix, &self.scope),
                 fallback_policy: self.fallback_policy,
                 expected_replicas: self.expected_replicas,
@@ -876,12 +880,23 @@ fn may_have_run(err: &Error) -> bool {
         .is_some_and(|e| e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
 }
 
+/// Acquire and release calls one limiter has in flight at once; more wait
+/// their turn in process. A crawl starts with one acquire per host: ten
+/// thousand at once from each of eight replicas kept Redis busy for
+/// seconds, and their replies outlasted the response timeout (500 ms by
+/// default), so the circuit opened and replicas paced alone for a moment.
+/// Sixty-four calls keep a replica's queue in Redis to a few milliseconds,
+/// and are far more than a process needs when the hosts' slots spread its
+/// calls out. (Renewals, penalties and the heartbeat are few, and go
+/// straight.)
+const MAX_CALLS: usize = 64;
+
 /// How long past the caller's deadline a call that started at it may take
 /// to be answered (Redis answers in well under a millisecond).
 const CALL_GRACE: Duration = Duration::from_millis(50);
 
 /// The error of a call skipped because Redis failed to answer moments ago.
-fn circuit_open(op: Op) -> Error {
+pub(super) fn circuit_open(op: Op) -> Error {
     Error::unavailable(
         op,
         "Redis failed to answer moments ago; it is asked again once a second",
@@ -982,7 +997,6 @@ impl Shared {
             let booking = Booking::new(self, &keys, &token, &runtime, args, Some(&in_line));
             let horizon = self.horizon(policy, deadline);
             let asked = self.try_acquire(&keys, &token, args, horizon);
-            let sent = Instant::now();
             let Some(answer) = within(deadline, asked).await else {
                 // The caller's budget ran out, not Redis: a blown budget,
                 // which opens no circuit. The call may still run, so the
@@ -992,9 +1006,6 @@ impl Shared {
                 return Err(report.over_budget(now, deadline.unwrap_or(now), now));
             };
             booking.settle(&answer);
-            if answer.is_ok() {
-                self.round_trip.observe(sent.elapsed());
-            }
             let (wait, full) = match answer {
                 Ok(Answer::Admitted { ahead, at_us }) => {
                     // Admitted, it left the line.
@@ -1141,6 +1152,15 @@ impl Shared {
         args: Args,
         horizon: Duration,
     ) -> Result<Answer, Error> {
+        // A crowd of acquires (a crawl's first one per host) waits its turn
+        // here, not in Redis, where its replies would outlast the response
+        // timeout and open the circuit. The circuit may have opened while
+        // this one waited.
+        let _turn = self.calls.acquire().await.map_err(|_| Error::Closed)?;
+        if self.circuit.waiting() {
+            return Err(circuit_open(Op::Acquire));
+        }
+        let sent = Instant::now();
         let reply = ACQUIRE
             .run::<Vec<i64>>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
@@ -1158,6 +1178,9 @@ impl Shared {
             })
             .await;
         self.circuit.observe(&reply);
+        if reply.is_ok() {
+            self.round_trip.observe(sent.elapsed());
+        }
         let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
             [1, now, ahead] if ahead >= 0 && now >= 0 => Ok(Answer::Admitted {
@@ -1265,6 +1288,8 @@ impl Shared {
         abandoned: bool,
         args: Args,
     ) -> Result<i64, QueryError> {
+        // A turn, like an acquire's: releases come in crowds too.
+        let _turn = self.calls.acquire().await;
         RELEASE
             .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
