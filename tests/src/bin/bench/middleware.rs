@@ -59,6 +59,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         .unwrap();
     // The same pool's round trip (a PING), measured beside the requests.
     let probe = redis.clone();
+    let bare_acquire = redis.clone();
     let redis = redis.with_fallback();
     let clients = [
         client(&upstream, None),
@@ -72,6 +73,10 @@ pub(crate) async fn run() -> Vec<Figure> {
     }
     let mut samples = [Vec::new(), Vec::new(), Vec::new()];
     let mut round_trips = Vec::new();
+    // The acquire alone (the limiter without the middleware), each followed
+    // by a bare request while its release goes out, as in the middleware.
+    let mut acquires = Vec::new();
+    let host = redislimit::HostKey::parse(&url).unwrap();
     for _ in 0..ROUNDS {
         for (c, s) in clients.iter().zip(samples.iter_mut()) {
             s.extend(latencies(c, &url, REQUESTS / ROUNDS).await);
@@ -81,7 +86,19 @@ pub(crate) async fn run() -> Vec<Figure> {
             probe.ping().await.expect("Redis answers");
             round_trips.push(start.elapsed().as_secs_f64() * 1e6);
         }
+        for _ in 0..REQUESTS / ROUNDS {
+            let start = Instant::now();
+            let permit = bare_acquire
+                .acquire_host("bench", host.clone(), None)
+                .await
+                .expect("admitted");
+            acquires.push(start.elapsed().as_secs_f64() * 1e6);
+            let response = clients[0].get(&url).send().await.unwrap();
+            response.bytes().await.unwrap();
+            drop(permit);
+        }
     }
+    acquires.sort_by(f64::total_cmp);
     round_trips.sort_by(f64::total_cmp);
     for s in &mut samples {
         s.sort_by(f64::total_cmp);
@@ -108,6 +125,17 @@ pub(crate) async fn run() -> Vec<Figure> {
         }
     }
     let rtt = pct(&round_trips, 0.5);
+    figures.push(
+        Figure::new(
+            "middleware_redis_acquire_p50",
+            pct(&acquires, 0.5),
+            rtt,
+            "one Redis round trip (PING, p50, same run)",
+            "µs",
+            json!({ "requests": REQUESTS, "what": "RedisLimiter::acquire_host alone, between bare requests" }),
+        )
+        .informative("where middleware_redis_p50_added goes"),
+    );
     figures.push(
         Figure::new(
             "middleware_redis_p50_added",
