@@ -805,6 +805,13 @@ fn a_broken_script_is_caught() {
             Sources::acquire_with("if ok and patience > 0 then", "if ok then"),
         ),
         (
+            "a late waiter that asks again loses its place",
+            Sources::common_with(
+                "    if raw[i] == token then\n      arrival, present = a, true\n    elseif b <= now then\n      dead[#dead + 1] = raw[i]",
+                "    if b <= now then\n      dead[#dead + 1] = raw[i]\n    elseif raw[i] == token then\n      arrival, present = a, true",
+            ),
+        ),
+        (
             "an unparseable place counts as lapsed",
             Sources::common_with(
                 "if a == nil then\n      garbage()",

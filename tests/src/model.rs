@@ -228,8 +228,8 @@ impl Model {
         }
         let lapsed = self
             .waiting
-            .values()
-            .filter(|p| matches!(p, Place::Live { by, .. } if *by <= now))
+            .iter()
+            .filter(|(t, p)| *t != token && matches!(p, Place::Live { by, .. } if *by <= now))
             .count();
         Line {
             ahead: self.place(now, token).0,
@@ -238,14 +238,18 @@ impl Model {
     }
 
     /// How many live places of the line are before `token`'s, and when it joined
-    /// (`now` when it has no live place): a place is before another when it joined
+    /// (`now` when it has no place; its own place stands even when it lapsed, since
+    /// asking again shows it is alive): a place is before another when it joined
     /// earlier, or at the same instant with a smaller token.
     fn place(&self, now: Us, token: &str) -> (usize, Us) {
         let live = |place: &Place| match *place {
             Place::Live { arrival, by } if by > now => Some(arrival),
             _ => None,
         };
-        let arrival = self.waiting.get(token).and_then(live).unwrap_or(now);
+        let arrival = match self.waiting.get(token) {
+            Some(&Place::Live { arrival, .. }) => arrival,
+            _ => now,
+        };
         let ahead = self
             .waiting
             .iter()
@@ -404,11 +408,12 @@ impl Model {
         if p.quota > 0 && p.bucket == 0 {
             self.admits.retain(|_, at| *at + p.window > now);
         }
-        // Places whose waiter did not ask again in time are dropped, this one's too
-        // (it then joins afresh, at the back), even when the token turns out voided.
+        // Places whose waiter did not ask again in time are dropped, but not this
+        // one's (it is asking), even when the token turns out voided.
         let (ahead, arrival) = if patience > 0 {
-            self.waiting
-                .retain(|_, place| !matches!(place, Place::Live { by, .. } if *by <= now));
+            self.waiting.retain(|t, place| {
+                t == token || !matches!(place, Place::Live { by, .. } if *by <= now)
+            });
             self.place(now, token)
         } else {
             (0, now)

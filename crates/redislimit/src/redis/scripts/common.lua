@@ -201,13 +201,15 @@ end
 -- The waiting line: requests of weight 1 that were told to wait join it
 -- (HASH `waiting`: token -> "<arrival> <by>", Redis clock, µs) and keep
 -- their place while they ask again before `by`; one that does not (its
--- acquire dropped, its replica dead) is dropped from the line. A waiter
--- goes before every other that joined later (ties: by token), so each
--- replica's waiters take their turns in the order they began to wait.
+-- acquire dropped, its replica dead) is dropped from the line when another
+-- waiter finds it lapsed (a late waiter that asks again first keeps its
+-- place: asking shows it is alive). A waiter goes before every other that
+-- joined later (ties: by token), so each replica's waiters take their
+-- turns in the order they began to wait.
 
 -- How many live waiters of `waiting` are in line before `token`, when
 -- `token` joined (`now` when it is not in line yet) and whether it is in
--- line; drops the entries whose `by` has passed.
+-- line; drops the other entries whose `by` has passed.
 local function line(waiting, token, now)
   local raw = redis.call('HGETALL', waiting)
   if #raw == 0 then
@@ -221,13 +223,12 @@ local function line(waiting, token, now)
       garbage()
     end
     a, b = tonumber(a), tonumber(b)
-    if b <= now then
+    if raw[i] == token then
+      arrival, present = a, true
+    elseif b <= now then
       dead[#dead + 1] = raw[i]
     else
       entries[#entries + 1] = {raw[i], a}
-      if raw[i] == token then
-        arrival, present = a, true
-      end
     end
   end
   if #dead > 0 then
