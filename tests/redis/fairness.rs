@@ -152,3 +152,65 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
     assert!(admitted.is_ok(), "{admitted:?}");
     assert_eq!(waiting(), 0, "the line is empty once C is admitted");
 }
+
+/// Keyed by registrable domain, hosts of one domain share one state but
+/// wait in lines of their own rules: a request that waits for its rule's
+/// quota (ten seconds here) does not hold back a host of the same domain
+/// whose rule has no quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_of_one_domain_under_other_rules_do_not_wait_behind_each_other() {
+    let server = RedisServer::start();
+    let policies = || {
+        redislimit::Policies::new(
+            redislimit::Pacing::builder()
+                .min_delay(20 * MS)
+                .build()
+                .unwrap(),
+        )
+        .with_rule(redislimit::Rule::new(
+            "api.lane.com",
+            redislimit::Pacing::builder()
+                .min_delay(20 * MS)
+                .quota(1)
+                .window(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        ))
+        .unwrap()
+        .with_key_by(redislimit::KeyBy::RegistrableDomain)
+    };
+    let make = || {
+        limiter(
+            standalone(&server.url()),
+            |p| p,
+            |b| b.policies(policies()).cluster_concurrency(4),
+        )
+    };
+    let (a, b) = (make(), make());
+    drop(
+        a.acquire_host("t", host("api.lane.com"), None)
+            .await
+            .unwrap(),
+    );
+    // The quota is spent: the next api request waits ten seconds, in line.
+    let api = host("api.lane.com");
+    let api_waits = tokio::spawn({
+        let a = a.clone();
+        async move { a.acquire_host("t", api, None).await }
+    });
+    let keys = a.keys(&host("api.lane.com"));
+    bounded(5, async {
+        while server.query(&["HLEN", &keys.waiting]) != Reply::Integer(1) {
+            tokio::time::sleep(MS).await;
+        }
+    })
+    .await;
+    // Another replica's www requests go at their own pace meanwhile.
+    for _ in 0..3 {
+        let permit = bounded(2, b.acquire_host("t", host("www.lane.com"), None))
+            .await
+            .unwrap();
+        drop(permit);
+    }
+    api_waits.abort();
+}

@@ -34,7 +34,9 @@ pub struct RedisKeys {
     /// The ZSET of abandoned acquires that must book nothing if they run.
     pub void: String,
     /// The HASH of the waiting line across replicas: the acquires told to
-    /// wait, by when they joined, kept while they keep asking.
+    /// wait, by when they joined, kept while they keep asking. Keyed by
+    /// registrable domain, hosts of one domain under different rules wait
+    /// in lines of their own (see [`in_lane`](Self::in_lane)).
     pub waiting: String,
 }
 
@@ -63,6 +65,15 @@ impl RedisKeys {
     /// replica id to expiry), under a hash tag of its own.
     pub fn replicas(prefix: &str, scope: &str) -> String {
         format!("{prefix}:{scope}:{{{}}}:replicas", tag(&[prefix, scope]))
+    }
+
+    /// These keys with a waiting line of their own for `lane` (a rule's
+    /// pattern), beside the one state: hosts that share a key but not a
+    /// rule must not wait behind each other, since each is admitted on its
+    /// own rule's terms (a quota one has and the other has not, say).
+    pub fn in_lane(mut self, lane: &str) -> Self {
+        self.waiting = format!("{}:{}", self.waiting, &tag(&[lane])[..16]);
+        self
     }
 
     /// The keys in the order the scripts take them.

@@ -42,14 +42,17 @@ use crate::{
 /// Replicas saturating a host take turns: a request of weight 1 that Redis
 /// told to wait joins the host's waiting line (a hash beside its gate) and
 /// keeps its place while it asks again in time (within its retry interval,
-/// jitter and 100 ms after the wait it was told); every waiter that joined
-/// earlier goes first. In serialized mode, or with a `min_delay`, one at a
-/// time; in lease mode without one, each waiter ahead keeps a slot of the
-/// cap. Within a process, waiters still queue in priority and arrival
-/// order, and one of them asks Redis at a time. A waiter whose process
-/// died holds the line up until its place lapses; one whose caller gave up
-/// leaves it at once. Heavier requests stay out of the line and are never
-/// held back by it (best fit, as in process).
+/// jitter, slot margin and 100 ms after the wait it was told); every
+/// waiter that joined earlier goes first. In serialized mode, or with a
+/// `min_delay`, one at a time; in lease mode without one, each waiter ahead
+/// keeps a slot of the cap. Within a process, waiters still queue in
+/// priority and arrival order, and one of them asks Redis at a time. A
+/// waiter whose process died holds the line up until its place lapses; one
+/// whose caller gave up sends one call to leave it (none while the circuit
+/// is open: the place then lapses). Heavier requests stay out of the line
+/// and are never held back by it (best fit, as in process). Keyed by
+/// registrable domain, hosts of one domain under different rules wait in
+/// lines of their own, each admitted on its rule's terms.
 ///
 /// # Two modes
 ///
@@ -251,8 +254,10 @@ pub(super) struct Args {
     /// or when unknown): where a bucketed quota counted it.
     pub(super) admitted_us: u64,
     /// How long after the wait it was told a waiter of weight 1 will have
-    /// asked again at the latest (the retry, jitter and [`LINE_SLACK`]):
-    /// it keeps its place in the waiting line across replicas until then.
+    /// asked again at the latest (the retry, jitter, slot margin and
+    /// [`LINE_SLACK`]): it keeps its place in the waiting line across
+    /// replicas until then, or longer if it asks again before another
+    /// waiter finds the place lapsed.
     pub(super) patience_us: u64,
 }
 
@@ -498,8 +503,12 @@ impl RedisLimiterBuilder {
                     weight: 1,
                     bucket_us: quota_buckets(pacing.quota(), window_us),
                     admitted_us: 0,
-                    patience_us: (concurrency_retry + pacing.jitter() + LINE_SLACK).as_micros()
-                        as u64,
+                    patience_us: (concurrency_retry
+                        + pacing.jitter()
+                        + self.slot_margin
+                        + LINE_SLACK)
+                        .as_micros()
+                        .min(u128::from(crate::MAX_MICROS)) as u64,
                 }
             })
             .collect();
@@ -650,8 +659,7 @@ impl RedisLimiter {
     /// The Redis keys that hold `host`'s state (under its key, see
     /// [`KeyBy`](crate::KeyBy)), for inspecting or clearing it by hand.
     pub fn keys(&self, host: &HostKey) -> RedisKeys {
-        let key = self.shared.policies.key(host);
-        RedisKeys::new(&self.shared.prefix, &self.shared.scope, &key)
+        self.shared.keys(host)
     }
 
     /// The pacing an in-process fallback should apply while Redis is away:
@@ -972,7 +980,7 @@ impl Shared {
             .acquire_with(engine, host.clone(), deadline, request.with_weight(1))
             .await
             .map_err(|e| report.fail(e))?;
-        let keys = Arc::new(RedisKeys::new(&self.prefix, &self.scope, &key));
+        let keys = Arc::new(self.keys(&host));
         let token = new_token();
         let runtime = Handle::current();
         // Told to wait, a request of weight 1 is in the waiting line across
@@ -989,7 +997,22 @@ impl Shared {
             released.as_mut().enable();
             let releasing = self.releases.load(Ordering::Acquire) > 0;
             // Checked before anything is sent: an acquire refused here never
-            // reached Redis, so there is nothing to take back.
+            // reached Redis, so there is nothing to take back. First without
+            // a side effect, so that a circuit held open fails at once
+            // rather than after a turn; once the turn is had, for real (a
+            // caller let through then is the probe).
+            if self.circuit.waiting() {
+                report.abandon();
+                return Err(circuit_open(Op::Acquire));
+            }
+            // A crowd of acquires (a crawl's first one per host) waits its
+            // turn here, not in Redis, where its replies would outlast the
+            // response timeout and open the circuit.
+            let Some(turn) = within(deadline, self.calls.acquire()).await else {
+                let now = Instant::now();
+                return Err(report.over_budget(now, deadline.unwrap_or(now), now));
+            };
+            let turn = turn.map_err(|_| report.fail(Error::Closed))?;
             if self.circuit.open() {
                 report.abandon();
                 return Err(circuit_open(Op::Acquire));
@@ -997,7 +1020,9 @@ impl Shared {
             let booking = Booking::new(self, &keys, &token, &runtime, args, Some(&in_line));
             let horizon = self.horizon(policy, deadline);
             let asked = self.try_acquire(&keys, &token, args, horizon);
-            let Some(answer) = within(deadline, asked).await else {
+            let answer = within(deadline, asked).await;
+            drop(turn);
+            let Some(answer) = answer else {
                 // The caller's budget ran out, not Redis: a blown budget,
                 // which opens no circuit. The call may still run, so the
                 // booking stays armed.
@@ -1091,6 +1116,20 @@ impl Shared {
         }
     }
 
+    /// The keys of `host`'s state (under its key), with the waiting line of
+    /// its rule when hosts under different rules can share a key.
+    fn keys(&self, host: &HostKey) -> RedisKeys {
+        let key = self.policies.key(host);
+        let keys = RedisKeys::new(&self.prefix, &self.scope, &key);
+        if self.policies.key_by() == crate::KeyBy::Host {
+            return keys;
+        }
+        match self.policies.index(host) {
+            0 => keys.in_lane(""),
+            i => keys.in_lane(self.policies.rules()[i - 1].pattern()),
+        }
+    }
+
     /// How far ahead an acquire under policy `policy` may be booked: not at
     /// all when its pacing has jitter (which is there to spread sends out,
     /// not to hit slots), nor past the caller's deadline.
@@ -1152,14 +1191,6 @@ impl Shared {
         args: Args,
         horizon: Duration,
     ) -> Result<Answer, Error> {
-        // A crowd of acquires (a crawl's first one per host) waits its turn
-        // here, not in Redis, where its replies would outlast the response
-        // timeout and open the circuit. The circuit may have opened while
-        // this one waited.
-        let _turn = self.calls.acquire().await.map_err(|_| Error::Closed)?;
-        if self.circuit.waiting() {
-            return Err(circuit_open(Op::Acquire));
-        }
         let sent = Instant::now();
         let reply = ACQUIRE
             .run::<Vec<i64>>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
