@@ -55,6 +55,18 @@ pub(super) struct Agreement {
     /// no fresh confirmation (a crawl's first acquire per host, all at
     /// once) sends one call, not one each.
     asking: tokio::sync::Mutex<()>,
+    /// How the last call failed, and when it ended: a crowd that waited
+    /// for it takes its answer rather than asking again one by one.
+    failed: Mutex<Option<(Instant, Failed)>>,
+}
+
+/// How a call for the record failed.
+#[derive(Debug, Clone)]
+enum Failed {
+    /// The record holds other settings (theirs).
+    Mismatch(String),
+    /// Redis answered with an error, or with something unexpected.
+    Answer(String),
 }
 
 impl Agreement {
@@ -111,6 +123,7 @@ impl Agreement {
             ttl: longest.saturating_add(Duration::from_secs(1)),
             confirmed: Mutex::new(None),
             asking: tokio::sync::Mutex::new(()),
+            failed: Mutex::new(None),
         }
     }
 
@@ -133,6 +146,25 @@ impl Agreement {
             .confirmed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+        self.fail(None);
+    }
+
+    fn fail(&self, failed: Option<Failed>) {
+        *self
+            .failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            failed.map(|f| (Instant::now(), f));
+    }
+
+    /// How a call that ended after `since` failed, if one did.
+    fn failed_since(&self, since: Instant) -> Option<Failed> {
+        self.failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|(at, _)| *at >= since)
+            .map(|(_, f)| f.clone())
     }
 }
 
@@ -141,19 +173,26 @@ impl Shared {
     /// last confirmation while it is fresh, from Redis otherwise (or when
     /// `force`d).
     pub(super) async fn agree(&self, force: bool) -> Result<(), Error> {
-        if !force && self.agreement.fresh(Instant::now()) {
+        let started = Instant::now();
+        if !force && self.agreement.fresh(started) {
             return Ok(());
         }
         let a = &self.agreement;
         let _asking = a.asking.lock().await;
         let asked = Instant::now();
         // Confirmed by the call this one waited for; or that call found
-        // Redis not answering, and the circuit now holds off the rest.
+        // Redis not answering, and the circuit now holds off the rest; or
+        // it failed otherwise, and this one fails alike.
         if !force && a.fresh(asked) {
             return Ok(());
         }
         if !force && self.circuit.waiting() {
             return Err(super::limiter::circuit_open(Op::Acquire));
+        }
+        match a.failed_since(started).filter(|_| !force) {
+            Some(Failed::Mismatch(theirs)) => return Err(self.mismatch(theirs)),
+            Some(Failed::Answer(why)) => return Err(Error::unavailable(Op::Acquire, why)),
+            None => {}
         }
         let ttl_us = a.ttl.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
         let reply = AGREE
@@ -162,26 +201,43 @@ impl Shared {
             })
             .await;
         self.circuit.observe(&reply);
-        let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                let err = unavailable(Op::Acquire, e);
+                // Not answering is the circuit's to remember.
+                if !err.is_unavailable() || !self.circuit.waiting() {
+                    a.fail(Some(Failed::Answer(crate::Causes(&err).to_string())));
+                }
+                return Err(err);
+            }
+        };
         match reply.as_slice() {
             [ok] if ok == "1" => {
                 a.confirm(asked);
                 Ok(())
             }
             [no, theirs] if no == "0" => {
-                let err = Error::ConfigMismatch {
-                    scope: format!("{}:{}", self.prefix, self.scope),
-                    ours: a.settings.clone(),
-                    theirs: theirs.clone(),
-                };
+                a.fail(Some(Failed::Mismatch(theirs.clone())));
+                let err = self.mismatch(theirs.clone());
                 tracing::error!(error = %crate::Causes(&err), "configuration mismatch");
                 self.hooks.on_error(Op::Acquire, &err);
                 Err(err)
             }
-            _ => Err(Error::unavailable(
-                Op::Acquire,
-                format!("unexpected reply from the agreement script: {reply:?}"),
-            )),
+            _ => {
+                let why = format!("unexpected reply from the agreement script: {reply:?}");
+                a.fail(Some(Failed::Answer(why.clone())));
+                Err(Error::unavailable(Op::Acquire, why))
+            }
+        }
+    }
+
+    /// The error of a record that holds `theirs`, other settings than ours.
+    fn mismatch(&self, theirs: String) -> Error {
+        Error::ConfigMismatch {
+            scope: format!("{}:{}", self.prefix, self.scope),
+            ours: self.agreement.settings.clone(),
+            theirs,
         }
     }
 }
