@@ -42,58 +42,49 @@ fn order(sends: &[Request]) -> String {
     sends.iter().map(|s| s.replica.to_string()).collect()
 }
 
-/// Without the line, a replica whose own release lands first wakes its
-/// next waiter at once, while the others ask again on their retry: it was
-/// seen keeping the host until its queue was empty (runs of 6 and more).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_saturating_a_serialized_host_take_turns() {
+/// `REPLICAS` replicas of `TASKS` tasks each saturate one host, paced with
+/// `min_delay` (and `cap` in flight, 0: serialized), each request holding
+/// its permit for `work`; the sends in order, after checking that none
+/// came in a run of more than two from one replica while others waited.
+async fn saturate(min_delay: Duration, cap: u32, work: Duration) -> Vec<Request> {
     let server = RedisServer::start();
     let replicas: Vec<Arc<dyn Limiter>> = (0..REPLICAS)
         .map(|_| {
             Arc::new(limiter(
                 standalone(&server.url()),
-                |p| p.min_delay(5 * MS).max_concurrent(TASKS as u32),
-                |b| b,
+                |p| p.min_delay(min_delay).max_concurrent(TASKS as u32),
+                |b| b.cluster_concurrency(cap),
             )) as Arc<dyn Limiter>
         })
         .collect();
-    let recorder = drive_all(&replicas, &["fair.test"], TASKS, PER_TASK, 5 * MS).await;
+    let recorder = drive_all(&replicas, &["fair.test"], TASKS, PER_TASK, work).await;
     let sends = recorder.host("fair.test");
     assert_eq!(sends.len(), REPLICAS * TASKS * PER_TASK);
-    assert_serialized(&sends, 5 * MS - SLACK);
     let run = longest_run(&sends);
     assert!(
         run <= 2,
         "one replica sent {run} in a row while the others waited: {}",
         order(&sends)
     );
+    sends
+}
+
+/// Without the line, a replica whose own release lands first wakes its
+/// next waiter at once, while the others ask again on their retry: it was
+/// seen keeping the host until its queue was empty (runs of 6 and more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_saturating_a_serialized_host_take_turns() {
+    let sends = saturate(5 * MS, 0, 5 * MS).await;
+    assert_serialized(&sends, 5 * MS - SLACK);
 }
 
 /// Lease mode with a gap: each waiter ahead takes a slot of its own, and
 /// the replicas take turns at them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_saturating_a_host_in_lease_mode_take_turns() {
-    let server = RedisServer::start();
-    let replicas: Vec<Arc<dyn Limiter>> = (0..REPLICAS)
-        .map(|_| {
-            Arc::new(limiter(
-                standalone(&server.url()),
-                |p| p.min_delay(8 * MS).max_concurrent(TASKS as u32),
-                |b| b.cluster_concurrency(2),
-            )) as Arc<dyn Limiter>
-        })
-        .collect();
-    let recorder = drive_all(&replicas, &["fair.test"], TASKS, PER_TASK, 12 * MS).await;
-    let sends = recorder.host("fair.test");
-    assert_eq!(sends.len(), REPLICAS * TASKS * PER_TASK);
+    let sends = saturate(8 * MS, 2, 12 * MS).await;
     let gap = min_send_gap(&sends);
     assert!(gap + SLACK >= 8 * MS, "sends {gap:?} apart");
-    let run = longest_run(&sends);
-    assert!(
-        run <= 2,
-        "one replica sent {run} in a row while the others waited: {}",
-        order(&sends)
-    );
 }
 
 /// A waiter at the head of the line that gives up (its caller's timeout)

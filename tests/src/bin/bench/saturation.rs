@@ -137,6 +137,16 @@ fn lease_figure(name: &str, reqs: &[Request], delay: Duration, margin: Duration)
 /// Measured sends trail admissions a little; checks allow this much.
 const SLACK: Duration = Duration::from_millis(3);
 
+/// The slot margins a run at `ms` apart is measured with, and the suffix
+/// of their figures: the default, and below 100 ms a tight one.
+fn margins(ms: u64) -> Vec<(&'static str, Duration)> {
+    let mut margins = vec![("", RedisLimiter::DEFAULT_SLOT_MARGIN)];
+    if ms < 100 {
+        margins.push(("_margin_100us", Duration::from_micros(100)));
+    }
+    margins
+}
+
 pub(crate) async fn run() -> Vec<Figure> {
     let mut figures = Vec::new();
 
@@ -178,13 +188,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         // with a tight one.
         let delay = Duration::from_millis(ms);
         let pacing = Pacing::builder().min_delay(delay).build().unwrap();
-        for (suffix, margin) in [
-            ("", RedisLimiter::DEFAULT_SLOT_MARGIN),
-            ("_margin_100us", Duration::from_micros(100)),
-        ] {
-            if ms == 100 && !suffix.is_empty() {
-                continue;
-            }
+        for (suffix, margin) in margins(ms) {
             let server = RedisServer::start();
             let limiters = replicas_with(&server, &pacing, 8, margin);
             let reqs = saturate(limiters, Duration::from_millis(5)).await;
@@ -203,13 +207,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         // is taken from how long requests really held the host (a 5 ms
         // sleep lasts a little longer), so only pacing losses count; with
         // the default slot margin and, at 25 ms, with a tight one.
-        for (suffix, margin) in [
-            ("", RedisLimiter::DEFAULT_SLOT_MARGIN),
-            ("_margin_100us", Duration::from_micros(100)),
-        ] {
-            if ms == 100 && !suffix.is_empty() {
-                continue;
-            }
+        for (suffix, margin) in margins(ms) {
             let server = RedisServer::start();
             let work = Duration::from_millis(5);
             let reqs = saturate(replicas_with(&server, &pacing, 0, margin), work).await;
