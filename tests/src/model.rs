@@ -56,7 +56,7 @@ pub enum Key {
     Admits,
     /// The sorted set of voided tokens.
     Void,
-    /// The hash of the waiting line: token -> "<arrival> <by>".
+    /// The hash of the waiting line: token -> `"<arrival> <by>"`.
     Waiting,
 }
 
