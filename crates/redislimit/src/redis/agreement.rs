@@ -205,8 +205,9 @@ impl Shared {
             Ok(reply) => reply,
             Err(e) => {
                 let err = unavailable(Op::Acquire, e);
-                // Not answering is the circuit's to remember.
-                if !err.is_unavailable() || !self.circuit.waiting() {
+                // Not answering opened the circuit, which holds off the
+                // waiters; an error reply (READONLY, say) is remembered.
+                if !self.circuit.waiting() {
                     a.fail(Some(Failed::Answer(crate::Causes(&err).to_string())));
                 }
                 return Err(err);
