@@ -89,42 +89,40 @@ impl Sources {
         }
     }
 
-    /// The real sources with `from` replaced by `to` in acquire.lua; `from` must occur
+    /// `source` (the file `name`) with `from` replaced by `to`; `from` must occur
     /// exactly once, so a change to the script cannot make the mutant the real thing.
-    fn acquire_with(from: &str, to: &str) -> Self {
+    fn mutated(name: &str, source: &str, from: &str, to: &str) -> String {
         assert_eq!(
-            ACQUIRE.matches(from).count(),
+            source.matches(from).count(),
             1,
-            "acquire.lua no longer contains {from:?} once: update the mutant"
+            "{name} no longer contains {from:?} once: update the mutant"
         );
+        source.replace(from, to)
+    }
+
+    /// The real sources with one replacement in acquire.lua (see [`Self::mutated`]).
+    fn acquire_with(from: &str, to: &str) -> Self {
+        let acquire = Self::mutated("acquire.lua", ACQUIRE, from, to);
         Self {
-            acquire: ACQUIRE.replace(from, to),
+            acquire,
             ..Self::real()
         }
     }
 
     /// The same for common.lua.
     fn common_with(from: &str, to: &str) -> Self {
-        assert_eq!(
-            COMMON.matches(from).count(),
-            1,
-            "common.lua no longer contains {from:?} once: update the mutant"
-        );
+        let common = Self::mutated("common.lua", COMMON, from, to);
         Self {
-            common: COMMON.replace(from, to),
+            common,
             ..Self::real()
         }
     }
 
     /// The same for release.lua.
     fn release_with(from: &str, to: &str) -> Self {
-        assert_eq!(
-            RELEASE.matches(from).count(),
-            1,
-            "release.lua no longer contains {from:?} once: update the mutant"
-        );
+        let release = Self::mutated("release.lua", RELEASE, from, to);
         Self {
-            release: RELEASE.replace(from, to),
+            release,
             ..Self::real()
         }
     }

@@ -658,6 +658,9 @@ impl RedisLimiter {
 
     /// The Redis keys that hold `host`'s state (under its key, see
     /// [`KeyBy`](crate::KeyBy)), for inspecting or clearing it by hand.
+    /// Keyed by registrable domain, `waiting` is the line of `host`'s rule
+    /// only: hosts of the domain under other rules wait in lines of their
+    /// own (see [`RedisKeys::in_lane`]).
     pub fn keys(&self, host: &HostKey) -> RedisKeys {
         self.shared.keys(host)
     }
