@@ -12,6 +12,7 @@ mod degraded;
 mod fairness;
 mod faults;
 mod garbage;
+mod lateness;
 mod leases;
 mod modes;
 mod policies;

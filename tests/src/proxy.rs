@@ -10,13 +10,15 @@ use tokio::task::JoinHandle;
 
 /// Forwards every connection made to it to one target. While stalled, it
 /// keeps accepting connections and reading, but holds every byte (both
-/// ways) until it is resumed: nothing is lost, everything arrives late.
+/// ways, or only the target's replies) until it is resumed: nothing is
+/// lost, everything arrives late.
 ///
 /// Stops when dropped.
 #[derive(Debug)]
 pub struct StallProxy {
     addr: SocketAddr,
-    stalled: watch::Sender<bool>,
+    /// What is held: [`BOTH_WAYS`] and/or [`REPLIES`].
+    stalled: watch::Sender<u8>,
     server: JoinHandle<()>,
 }
 
@@ -26,7 +28,7 @@ impl StallProxy {
     pub async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stalled, _) = watch::channel(false);
+        let (stalled, _) = watch::channel(0);
         let gate = stalled.clone();
         let server = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -37,7 +39,10 @@ impl StallProxy {
                     };
                     let (cr, cw) = client.into_split();
                     let (ur, uw) = upstream.into_split();
-                    tokio::join!(pump(cr, uw, gate.clone()), pump(ur, cw, gate));
+                    tokio::join!(
+                        pump(cr, uw, gate.clone(), BOTH_WAYS),
+                        pump(ur, cw, gate, BOTH_WAYS | REPLIES)
+                    );
                 });
             }
         });
@@ -60,12 +65,19 @@ impl StallProxy {
 
     /// Holds all traffic from now on, until [`resume`](Self::resume).
     pub fn stall(&self) {
-        self.stalled.send_replace(true);
+        self.stalled.send_replace(BOTH_WAYS);
+    }
+
+    /// Holds the target's replies from now on, until
+    /// [`resume`](Self::resume); what clients send still goes through, so
+    /// the target acts at once and its answers arrive late.
+    pub fn stall_replies(&self) {
+        self.stalled.send_replace(REPLIES);
     }
 
     /// Lets the held traffic through and carries on.
     pub fn resume(&self) {
-        self.stalled.send_replace(false);
+        self.stalled.send_replace(0);
     }
 }
 
@@ -75,11 +87,18 @@ impl Drop for StallProxy {
     }
 }
 
-/// Copies `from` to `to`, holding each read while the gate says stalled.
+/// A stall of both directions.
+const BOTH_WAYS: u8 = 1;
+/// A stall of the target's replies only.
+const REPLIES: u8 = 2;
+
+/// Copies `from` to `to`, holding each read while the gate holds any of
+/// the stalls in `held_by`.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut gate: watch::Receiver<bool>,
+    mut gate: watch::Receiver<u8>,
+    held_by: u8,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -87,7 +106,11 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if gate.wait_for(|stalled| !*stalled).await.is_err() {
+        if gate
+            .wait_for(|stalled| stalled & held_by == 0)
+            .await
+            .is_err()
+        {
             break;
         }
         if to.write_all(&buf[..n]).await.is_err() {

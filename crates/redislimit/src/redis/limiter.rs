@@ -199,6 +199,10 @@ pub(super) struct Shared {
     pub(super) slot_margin: Duration,
     /// How long a script call takes, as measured here.
     pub(super) round_trip: RoundTrip,
+    /// How late an admission may reach its caller and still be sent.
+    pub(super) max_lateness: Duration,
+    /// Where this process's clock stands against Redis `TIME`.
+    pub(super) redis_clock: RedisClock,
     pub(super) hooks: Arc<dyn Hooks>,
     /// The per-process cap and FIFO order; records no hooks of its own.
     pub(super) local: DomainLimiter,
@@ -297,6 +301,7 @@ pub struct RedisLimiterBuilder {
     concurrency_retry: Option<Duration>,
     book_ahead: Duration,
     slot_margin: Duration,
+    max_lateness: Duration,
     hooks: Arc<dyn Hooks>,
     fallback_policy: FallbackPolicy,
     expected_replicas: u32,
@@ -313,6 +318,7 @@ impl fmt::Debug for RedisLimiterBuilder {
             .field("concurrency_retry", &self.concurrency_retry)
             .field("book_ahead", &self.book_ahead)
             .field("slot_margin", &self.slot_margin)
+            .field("max_lateness", &self.max_lateness)
             .field("fallback_policy", &self.fallback_policy)
             .field("expected_replicas", &self.expected_replicas)
             .finish_non_exhaustive()
@@ -434,6 +440,31 @@ impl RedisLimiterBuilder {
         self
     }
 
+    /// How late an admission may reach its caller and still be sent
+    /// (default 2 ms; [`Duration::MAX`]: however late). Redis admits a
+    /// request at or after its slot, but the reply can reach a busy
+    /// process late, and a request that then leaves late is that much
+    /// closer to the next one, which another replica may send on time.
+    /// Where that matters (a `min_delay` in lease mode, or a quota), an
+    /// admission that reaches its caller later than this after Redis made
+    /// it is handed back at once, as a request never sent, and asked for
+    /// again; the upstream then sees no gap more than this short of
+    /// `min_delay` from lateness on the way to the caller (a request can
+    /// still leave late after its permit is granted). The lateness is
+    /// reckoned on the Redis clock, whose offset from this process's clock
+    /// each admission bounds: it is overstated by at most the shortest
+    /// time a call has taken to reach Redis, and never put above the time
+    /// since the call was sent (under a Cluster whose clocks disagree, it
+    /// is understated for the nodes ahead). A process too busy to take a
+    /// second admission on time sends the third however late, with a
+    /// warning, rather than never. Serialized mode counts the gap from
+    /// each completion, which lateness does not shorten; admissions booked
+    /// ahead (see [`book_ahead`](Self::book_ahead)) keep their slots.
+    pub fn max_lateness(mut self, lateness: Duration) -> Self {
+        self.max_lateness = lateness;
+        self
+    }
+
     /// Where decisions and failures are reported (default: nowhere).
     pub fn hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
         self.hooks = hooks;
@@ -469,6 +500,11 @@ impl RedisLimiterBuilder {
         });
         micros("book_ahead", self.book_ahead)?;
         micros("slot_margin", self.slot_margin)?;
+        if self.max_lateness.is_zero() {
+            return Err(ConfigError::Zero {
+                field: "max_lateness",
+            });
+        }
         if self.book_ahead > self.lease_ttl {
             // A booked lease must outlive the wait for its slot.
             return Err(ConfigError::TooLong {
@@ -591,6 +627,8 @@ impl RedisLimiterBuilder {
                 book_ahead: self.book_ahead,
                 slot_margin: self.slot_margin,
                 round_trip: RoundTrip::default(),
+                max_lateness: self.max_lateness,
+                redis_clock: RedisClock::default(),
                 hooks: self.hooks,
                 lease_ttl_us,
                 args,
@@ -614,6 +652,9 @@ impl RedisLimiter {
     /// How long after its host's slot a waiter aims to reach Redis by
     /// default (see [`RedisLimiterBuilder::slot_margin`]).
     pub const DEFAULT_SLOT_MARGIN: Duration = Duration::from_millis(1);
+    /// How late an admission may reach its caller and still be sent, by
+    /// default (see [`RedisLimiterBuilder::max_lateness`]).
+    pub const DEFAULT_MAX_LATENESS: Duration = Duration::from_millis(2);
 
     /// Starts a limiter for `scope` (e.g. `domain` for crawling, `search`
     /// for API queries; two scopes never consume each other's quota) over
@@ -629,6 +670,7 @@ impl RedisLimiter {
             concurrency_retry: None,
             book_ahead: RedisLimiter::DEFAULT_BOOK_AHEAD,
             slot_margin: RedisLimiter::DEFAULT_SLOT_MARGIN,
+            max_lateness: RedisLimiter::DEFAULT_MAX_LATENESS,
             hooks: Arc::new(NoHooks),
             fallback_policy: FallbackPolicy::default(),
             expected_replicas: 1,
@@ -990,6 +1032,7 @@ impl Shared {
         // replicas; one that ends without an admission leaves it.
         let in_line = InLine::new(self, &keys, &token, &runtime, args);
         let mut retried_after_release = false;
+        let mut handed_back = 0;
         loop {
             // A full host may be full of this process's own requests whose
             // releases are still on their way to Redis (sent after this
@@ -1039,6 +1082,22 @@ impl Shared {
                     // Admitted, it left the line.
                     in_line.disarm();
                     args.admitted_us = at_us;
+                    if ahead.is_zero() && args.sends_late() {
+                        let late = self.redis_clock.late(at_us, Instant::now());
+                        if late > self.max_lateness {
+                            if handed_back < LATE_HAND_BACKS {
+                                handed_back += 1;
+                                if let Err(err) = self.hand_back(&keys, &token, args, late).await {
+                                    self.hooks.on_error(Op::Acquire, &err);
+                                    report.abandon();
+                                    return Err(err);
+                                }
+                                args.admitted_us = 0;
+                                continue;
+                            }
+                            tracing::warn!(host = %key, late_us = late.as_micros() as u64, "admitted too late again; sent late (this process is too busy to send on time)");
+                        }
+                    }
                     // The next caller of this process may book the slot
                     // after this one while this one waits for its own.
                     drop(polling);
@@ -1217,11 +1276,14 @@ impl Shared {
         }
         let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
-            [1, now, ahead] if ahead >= 0 && now >= 0 => Ok(Answer::Admitted {
-                // Within the horizon asked for, which is far below this.
-                ahead: Duration::from_micros((ahead as u64).min(args.max_wait_us)),
-                at_us: (now as u64).saturating_add(ahead as u64),
-            }),
+            [1, now, ahead] if ahead >= 0 && now >= 0 => {
+                self.redis_clock.observe(sent, now as u64);
+                Ok(Answer::Admitted {
+                    // Within the horizon asked for, which is far below this.
+                    ahead: Duration::from_micros((ahead as u64).min(args.max_wait_us)),
+                    at_us: (now as u64).saturating_add(ahead as u64),
+                })
+            }
             [0, _, 2] => Err(Error::unavailable(
                 Op::Acquire,
                 "this acquire had been abandoned (its call timed out) before Redis ran it",
@@ -1300,6 +1362,32 @@ impl Shared {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Hands back `token`'s admission, which reached its caller `late`
+    /// (see [`RedisLimiterBuilder::max_lateness`]): abandoned as a request
+    /// never sent, before the caller asks again under the same token. A
+    /// failed hand-back fails the acquire; the lease lapses, and a quota
+    /// unit stays counted, which errs towards fewer sends.
+    async fn hand_back(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        args: Args,
+        late: Duration,
+    ) -> Result<(), Error> {
+        tracing::debug!(gate = %keys.gate, late_us = late.as_micros() as u64, "admitted too late to send; handed back");
+        let back = self.call_release(keys, token, true, args).await;
+        self.circuit.observe(&back);
+        match back.map_err(|e| unavailable(Op::Release, e))? {
+            1 => Ok(()),
+            // Not held: the lease lapsed before the hand-back, and the
+            // token is void from now on.
+            _ => Err(Error::unavailable(
+                Op::Acquire,
+                "admitted too late to send, and its lease lapsed before it could be handed back",
+            )),
         }
     }
 
@@ -1656,18 +1744,123 @@ impl<'a> Booking<'a> {
     }
 }
 
+/// How many admissions in a row an acquire hands back for reaching it too
+/// late (see [`RedisLimiterBuilder::max_lateness`]) before it sends one
+/// however late: a process too busy ever to be on time still sends.
+const LATE_HAND_BACKS: u32 = 2;
+
+impl Args {
+    /// Whether a send that leaves late can come too close to the next one
+    /// (a gap between sends, or a quota's window); in serialized mode the
+    /// gap counts from each completion.
+    fn sends_late(&self) -> bool {
+        (self.cap != 0 && self.min_delay_us > 0) || self.quota > 0
+    }
+}
+
+/// Where this process's clock stands against Redis `TIME`: an upper bound
+/// on the offset (Redis minus here), from the admissions seen. A script
+/// runs after its call was sent, so the Redis time it read, less the
+/// local time the call was sent, is at least the offset; the least of
+/// these is the tightest bound, above the offset by about the shortest
+/// way a call takes to Redis. The bound grows by [`DRIFT_PPM`] between
+/// calls, so that a clock that drifts away is followed, never trusted
+/// beyond what the latest call shows. With several Redis clocks (a
+/// Cluster) the bound follows the one furthest behind, and the lateness
+/// it gives errs towards "on time" for the others.
+#[derive(Debug)]
+pub(super) struct RedisClock {
+    base: Instant,
+    /// The bound (µs) and when (µs after `base`) it held; `None` before
+    /// the first admission.
+    bound: std::sync::Mutex<Option<(i64, i64)>>,
+}
+
+/// How fast (parts per million) the bound on the offset grows between
+/// calls: faster than clocks disciplined by NTP drift apart.
+const DRIFT_PPM: i64 = 100;
+
+impl Default for RedisClock {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            bound: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl RedisClock {
+    fn local_us(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// The bound at `now_us` (µs after `base`).
+    fn bound_at(bound: Option<(i64, i64)>, now_us: i64) -> Option<i64> {
+        bound.map(|(b, since)| {
+            b.saturating_add(
+                now_us
+                    .saturating_sub(since)
+                    .max(0)
+                    .saturating_mul(DRIFT_PPM)
+                    / 1_000_000,
+            )
+        })
+    }
+
+    /// Folds in a script that read `redis_us` on the Redis clock, of a
+    /// call sent at `sent`.
+    fn observe(&self, sent: Instant, redis_us: u64) {
+        let at = self.local_us(sent);
+        let sample = i64::try_from(redis_us)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(at);
+        let mut bound = self
+            .bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = bound.map_or(at, |(_, since)| since.max(at));
+        let grown = Self::bound_at(*bound, now).unwrap_or(sample);
+        *bound = Some((grown.min(sample), now));
+    }
+
+    /// At most how late `now` is after `redis_us` on the Redis clock (zero
+    /// before any admission was seen).
+    fn late(&self, redis_us: u64, now: Instant) -> Duration {
+        let now_us = self.local_us(now);
+        let bound = *self
+            .bound
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(offset) = Self::bound_at(bound, now_us) else {
+            return Duration::ZERO;
+        };
+        let late = now_us
+            .saturating_add(offset)
+            .saturating_sub(i64::try_from(redis_us).unwrap_or(i64::MAX));
+        Duration::from_micros(u64::try_from(late).unwrap_or(0))
+    }
+}
+
 /// A running estimate of the round trip of a script call (local clock).
 #[derive(Debug, Default)]
 pub(super) struct RoundTrip(AtomicU64);
 
 impl RoundTrip {
-    /// Folds in one call's round trip (an eighth of the weight).
+    /// Folds in one call's round trip (an eighth of the weight), counted
+    /// as at most four times the estimate: one reply held up (a busy
+    /// process, a stalled path) must not make every waiter ask early, and
+    /// again and again, until the estimate comes down; a lasting rise is
+    /// followed within a dozen calls.
     fn observe(&self, rtt: Duration) {
         let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
         let _ = self
             .0
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                let new = if old == 0 { us } else { old - old / 8 + us / 8 };
+                let new = if old == 0 {
+                    us
+                } else {
+                    old - old / 8 + us.min(old.saturating_mul(4)) / 8
+                };
                 Some(new.max(1))
             });
     }
@@ -1765,5 +1958,73 @@ impl Drop for InLine {
         self.runtime.spawn(async move {
             shared.leave(&keys, &token, args).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    /// Redis's clock here: `offset` µs ahead of `base`'s (as µs).
+    fn redis_at(clock: &RedisClock, at: Instant, offset: i64) -> u64 {
+        (clock.local_us(at) + offset) as u64
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lateness_is_bounded_with_the_tightest_call_seen() {
+        let clock = RedisClock::default();
+        let offset = 5_000_000;
+        // A call that took 300 µs to reach Redis, then one that took 20.
+        let sent = Instant::now();
+        tokio::time::advance(300 * US).await;
+        clock.observe(sent, redis_at(&clock, Instant::now(), offset));
+        let sent = Instant::now();
+        tokio::time::advance(20 * US).await;
+        let admitted = redis_at(&clock, Instant::now(), offset);
+        clock.observe(sent, admitted);
+        // Its reply reaches the caller 3 ms later: late by that, and by the
+        // 20 µs the bound cannot tell from the offset.
+        tokio::time::advance(3 * Duration::from_millis(1)).await;
+        assert_eq!(clock.late(admitted, Instant::now()), 3_020 * US);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bound_follows_a_clock_that_runs_ahead() {
+        let clock = RedisClock::default();
+        let sent = Instant::now();
+        clock.observe(sent, redis_at(&clock, sent, 0));
+        // Ten seconds on, Redis's clock is 1 ms ahead (100 ppm fast). An
+        // admission made 3 ms ago reaches its caller now: the bound has
+        // grown with the drift, so it is found 3 ms late, not 2.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let now = Instant::now();
+        let admitted = redis_at(&clock, now - 3 * Duration::from_millis(1), 1_000);
+        assert_eq!(clock.late(admitted, now), 3_000 * US);
+        // A clock that falls behind shows in the next call at once: never
+        // later than that call's own round trip.
+        let sent = now;
+        tokio::time::advance(100 * US).await;
+        let admitted = redis_at(&clock, sent, -5_000);
+        clock.observe(sent, admitted);
+        assert_eq!(clock.late(admitted, Instant::now()), 100 * US);
+        // Nothing seen yet: nothing is late.
+        let fresh = RedisClock::default();
+        assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
+    }
+
+    #[test]
+    fn one_slow_reply_barely_moves_the_round_trip() {
+        let rtt = RoundTrip::default();
+        rtt.observe(200 * US);
+        // Held up 40 ms: counted as four times the estimate.
+        rtt.observe(Duration::from_millis(40));
+        assert_eq!(rtt.get(), 275 * US);
+        // A lasting rise is followed.
+        for _ in 0..12 {
+            rtt.observe(Duration::from_millis(2));
+        }
+        assert!(rtt.get() > Duration::from_millis(1), "{:?}", rtt.get());
     }
 }

@@ -1,0 +1,116 @@
+//! An admission that reaches its replica late is handed back, not sent
+//! late: judged from when the upstream saw the requests.
+
+use std::time::Duration;
+
+use redislimit::{Limiter, RedisLimiter};
+use redislimit_reqwest::PacingMiddleware;
+use redislimit_tests::record::Request;
+use redislimit_tests::{RedisServer, StallProxy, Upstream};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+
+use crate::modes::SLACK;
+use crate::{MS, bounded, host, limiter, standalone};
+
+const SPACING: Duration = Duration::from_millis(60);
+
+/// A client through `limiter` whose requests say they come from `replica`.
+fn client(limiter: RedisLimiter, replica: usize, upstream: &Upstream) -> ClientWithMiddleware {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-replica", replica.into());
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .resolve("a.test", upstream.addr())
+        .build()
+        .unwrap();
+    ClientBuilder::new(http)
+        .with(PacingMiddleware::new(limiter))
+        .build()
+}
+
+/// Replica A reaches Redis through a proxy that holds Redis's replies for
+/// 40 ms while A's request to `a.test` is admitted; replica B asks 20 ms
+/// after A, directly, and is told to wait out A's gap. What the upstream
+/// saw of the two (and of A's retry, if it was handed back).
+async fn late_admission(a_lateness: Duration) -> Vec<Request> {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let proxy = StallProxy::start(server.addr()).await;
+    let replica = |url: &str, lateness| {
+        limiter(
+            standalone(url),
+            |p| p.min_delay(SPACING),
+            |b| b.cluster_concurrency(4).max_lateness(lateness),
+        )
+    };
+    let a = replica(&proxy.url(), a_lateness);
+    let b = replica(&server.url(), RedisLimiter::DEFAULT_MAX_LATENESS);
+    // Each has agreed on the configuration and measured Redis's clock
+    // before anything is held.
+    for (l, name) in [(&a, "a.warm.test"), (&b, "b.warm.test")] {
+        drop(
+            bounded(10, l.acquire_host("t", host(name), None))
+                .await
+                .unwrap(),
+        );
+    }
+    // Their releases land before anything is held.
+    tokio::time::sleep(50 * MS).await;
+    let url = upstream.url("a.test", "/");
+    let (ca, cb) = (client(a, 0, &upstream), client(b, 1, &upstream));
+    let get = |c: ClientWithMiddleware, url: String| {
+        tokio::spawn(async move {
+            let response = bounded(20, c.get(&url).send()).await.unwrap();
+            assert!(response.status().is_success());
+            response.bytes().await.unwrap();
+        })
+    };
+    let t0 = std::time::Instant::now();
+    proxy.stall_replies();
+    eprintln!("stalled {:?}", t0.elapsed());
+    let sent_a = get(ca, url.clone());
+    tokio::time::sleep(20 * MS).await;
+    let sent_b = get(cb, url);
+    tokio::time::sleep(20 * MS).await;
+    proxy.resume();
+    eprintln!("resumed {:?}", t0.elapsed());
+    sent_a.await.unwrap();
+    sent_b.await.unwrap();
+    let seen = upstream.recorder().host("a.test");
+    for r in &seen {
+        eprintln!("{} at {:?}", r.replica, r.send.duration_since(t0));
+    }
+    seen
+}
+
+fn closest(seen: &[Request]) -> Duration {
+    seen.windows(2)
+        .map(|w| w[1].send - w[0].send)
+        .min()
+        .unwrap_or(Duration::MAX)
+}
+
+/// Without the guard, the scenario really sends A late: 20 ms before B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_sent_however_late_comes_too_close_to_the_next() {
+    let seen = late_admission(Duration::MAX).await;
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let gap = closest(&seen);
+    assert!(gap + SLACK < SPACING, "sends {gap:?} apart: A was not late");
+}
+
+/// With it (the default), A's late admission is handed back and A asks
+/// again behind B: the upstream sees every gap kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
+    let seen = late_admission(RedisLimiter::DEFAULT_MAX_LATENESS).await;
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let gap = closest(&seen);
+    assert!(gap + SLACK >= SPACING, "sends {gap:?} apart");
+    // B, on time, went first; A asked again behind it.
+    assert_eq!(
+        seen.iter().map(|r| r.replica).collect::<Vec<_>>(),
+        [1, 0],
+        "{seen:?}"
+    );
+}
