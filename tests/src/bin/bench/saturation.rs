@@ -112,7 +112,7 @@ fn lease_figure(name: &str, reqs: &[Request], delay: Duration, margin: Duration)
         0.98
     };
     let ratio = rate(reqs) * delay.as_secs_f64();
-    Figure::new(
+    let figure = Figure::new(
         name,
         rate(reqs),
         1.0 / delay.as_secs_f64(),
@@ -127,22 +127,37 @@ fn lease_figure(name: &str, reqs: &[Request], delay: Duration, margin: Duration)
             "min_gap_ms": min_gap_ms,
             "p01_gap_ms": p01_gap_ms,
         }),
+    );
+    judged(
+        figure,
+        margin,
+        &format!("ratio >= {least}"),
+        ratio >= least,
+        violations,
     )
-    .held_to(
-        &format!("ratio >= {least}, zero violations"),
-        ratio >= least && violations == 0,
-    )
+}
+
+/// Holds `figure`, run with `margin`, to `goal` (`met` or not) and to zero
+/// `violations`; with another margin than the default (shown for
+/// comparison), to zero violations only.
+fn judged(figure: Figure, margin: Duration, goal: &str, met: bool, violations: usize) -> Figure {
+    if margin == RedisLimiter::DEFAULT_SLOT_MARGIN {
+        figure.held_to(&format!("{goal}, zero violations"), met && violations == 0)
+    } else {
+        figure.held_to("zero violations (not the default margin)", violations == 0)
+    }
 }
 
 /// Measured sends trail admissions a little; checks allow this much.
 const SLACK: Duration = Duration::from_millis(3);
 
 /// The slot margins a run at `ms` apart is measured with, and the suffix
-/// of their figures: the default, and below 100 ms a tight one.
+/// of their figures: the default, and below 100 ms a wide one (1 ms, the
+/// default before late admissions were handed back).
 fn margins(ms: u64) -> Vec<(&'static str, Duration)> {
     let mut margins = vec![("", RedisLimiter::DEFAULT_SLOT_MARGIN)];
     if ms < 100 {
-        margins.push(("_margin_100us", Duration::from_micros(100)));
+        margins.push(("_margin_1ms", Duration::from_millis(1)));
     }
     margins
 }
@@ -185,7 +200,7 @@ pub(crate) async fn run() -> Vec<Figure> {
     for ms in [5u64, 10, 25, 100] {
         // (b) Lease mode: sends `ms` apart (200, 100, 40 and 10 a
         // second), cap 8 never binding; with the default slot margin, and
-        // with a tight one.
+        // with a wide one.
         let delay = Duration::from_millis(ms);
         let pacing = Pacing::builder().min_delay(delay).build().unwrap();
         for (suffix, margin) in margins(ms) {
@@ -206,7 +221,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         // (c) Serialized: 5 ms of work, then `ms` after it ends. The limit
         // is taken from how long requests really held the host (a 5 ms
         // sleep lasts a little longer), so only pacing losses count; with
-        // the default slot margin and, at 25 ms, with a tight one.
+        // the default slot margin and, at 25 ms, with a wide one.
         for (suffix, margin) in margins(ms) {
             let server = RedisServer::start();
             let work = Duration::from_millis(5);
@@ -225,8 +240,8 @@ pub(crate) async fn run() -> Vec<Figure> {
                 "admissions/s",
                 json!({ "replicas": REPLICAS, "min_delay_ms": ms, "work_ms": 5, "mean_hold_ms": held.as_secs_f64() * 1e3, "slot_margin_us": margin.as_micros() as u64, "violations": violations }),
             );
-            let met = figure.ratio >= 0.98 && violations == 0;
-            figures.push(figure.held_to("ratio >= 0.98, zero violations", met));
+            let met = figure.ratio >= 0.98;
+            figures.push(judged(figure, margin, "ratio >= 0.98", met, violations));
         }
     }
     figures
