@@ -76,6 +76,19 @@ use crate::{
 /// [`penalize`](Limiter::penalize), which holds a host back on every
 /// replica and only ever extends a hold.
 ///
+/// # Late admissions
+///
+/// Redis admits on time, but its answer can reach a busy process late; a
+/// request that then left late would come closer than the gap to the next
+/// one, which another replica may send on time. In lease
+/// mode with a `min_delay`, or under a quota, an admission that reaches
+/// its caller more than
+/// [`max_lateness`](RedisLimiterBuilder::max_lateness) after Redis made it
+/// (2 ms by default, reckoned on the Redis clock) is handed back as never
+/// sent and asked for again. What the upstream sees is then no gap more
+/// than that short from the way to the caller; a request that leaves late
+/// after its permit was granted is beyond the limiter's sight.
+///
 /// # How a quota is kept
 ///
 /// A quota of up to 16 per window keeps each admission's instant (a sorted
@@ -1763,22 +1776,33 @@ impl Args {
 /// runs after its call was sent, so the Redis time it read, less the
 /// local time the call was sent, is at least the offset; the least of
 /// these is the tightest bound, above the offset by about the shortest
-/// way a call takes to Redis. The bound grows by [`DRIFT_PPM`] between
-/// calls, so that a clock that drifts away is followed, never trusted
-/// beyond what the latest call shows. With several Redis clocks (a
+/// way a call takes to Redis. Only the calls of the last one or two
+/// [`CLOCK_WINDOW`]s count, so that a Redis clock that stepped (a
+/// failover to a node whose clock differs, an NTP step) is followed
+/// within two windows either way. An admission's own call is folded in
+/// before its lateness is reckoned, so the lateness is never put above
+/// the time since that call was sent. With several Redis clocks (a
 /// Cluster) the bound follows the one furthest behind, and the lateness
 /// it gives errs towards "on time" for the others.
 #[derive(Debug)]
 pub(super) struct RedisClock {
     base: Instant,
-    /// The bound (µs) and when (µs after `base`) it held; `None` before
-    /// the first admission.
-    bound: std::sync::Mutex<Option<(i64, i64)>>,
+    /// The bound so far; `None` before the first admission.
+    bound: std::sync::Mutex<Option<ClockBound>>,
 }
 
-/// How fast (parts per million) the bound on the offset grows between
-/// calls: faster than clocks disciplined by NTP drift apart.
-const DRIFT_PPM: i64 = 100;
+/// The least offset (µs) seen in the current window and in the one
+/// before it (if it was the window just before), and when (µs after
+/// [`RedisClock::base`]) the current one began.
+#[derive(Debug, Clone, Copy)]
+struct ClockBound {
+    current: i64,
+    previous: Option<i64>,
+    since: i64,
+}
+
+/// How long (µs) a window of [`RedisClock`] lasts.
+const CLOCK_WINDOW: i64 = 10_000_000;
 
 impl Default for RedisClock {
     fn default() -> Self {
@@ -1794,19 +1818,6 @@ impl RedisClock {
         i64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// The bound at `now_us` (µs after `base`).
-    fn bound_at(bound: Option<(i64, i64)>, now_us: i64) -> Option<i64> {
-        bound.map(|(b, since)| {
-            b.saturating_add(
-                now_us
-                    .saturating_sub(since)
-                    .max(0)
-                    .saturating_mul(DRIFT_PPM)
-                    / 1_000_000,
-            )
-        })
-    }
-
     /// Folds in a script that read `redis_us` on the Redis clock, of a
     /// call sent at `sent`.
     fn observe(&self, sent: Instant, redis_us: u64) {
@@ -1818,23 +1829,39 @@ impl RedisClock {
             .bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = bound.map_or(at, |(_, since)| since.max(at));
-        let grown = Self::bound_at(*bound, now).unwrap_or(sample);
-        *bound = Some((grown.min(sample), now));
+        *bound = Some(match *bound {
+            Some(b) if at.saturating_sub(b.since) < CLOCK_WINDOW => ClockBound {
+                current: b.current.min(sample),
+                ..b
+            },
+            // A new window; the one that ended counts on if it was the
+            // last.
+            Some(b) => ClockBound {
+                current: sample,
+                previous: (at.saturating_sub(b.since) < 2 * CLOCK_WINDOW).then_some(b.current),
+                since: at,
+            },
+            None => ClockBound {
+                current: sample,
+                previous: None,
+                since: at,
+            },
+        });
     }
 
     /// At most how late `now` is after `redis_us` on the Redis clock (zero
     /// before any admission was seen).
     fn late(&self, redis_us: u64, now: Instant) -> Duration {
-        let now_us = self.local_us(now);
         let bound = *self
             .bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(offset) = Self::bound_at(bound, now_us) else {
+        let Some(b) = bound else {
             return Duration::ZERO;
         };
-        let late = now_us
+        let offset = b.previous.map_or(b.current, |p| p.min(b.current));
+        let late = self
+            .local_us(now)
             .saturating_add(offset)
             .saturating_sub(i64::try_from(redis_us).unwrap_or(i64::MAX));
         Duration::from_micros(u64::try_from(late).unwrap_or(0))
@@ -1991,24 +2018,42 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_bound_follows_a_clock_that_runs_ahead() {
+    async fn a_clock_that_stepped_is_followed_within_two_windows() {
+        // Redis's clock, well ahead of this one's base (so that it never
+        // reads below zero).
+        const ON_TIME: i64 = 60_000_000;
         let clock = RedisClock::default();
+        let ms = Duration::from_millis(1);
+        let window = Duration::from_micros(CLOCK_WINDOW as u64);
         let sent = Instant::now();
-        clock.observe(sent, redis_at(&clock, sent, 0));
-        // Ten seconds on, Redis's clock is 1 ms ahead (100 ppm fast). An
-        // admission made 3 ms ago reaches its caller now: the bound has
-        // grown with the drift, so it is found 3 ms late, not 2.
-        tokio::time::advance(Duration::from_secs(10)).await;
-        let now = Instant::now();
-        let admitted = redis_at(&clock, now - 3 * Duration::from_millis(1), 1_000);
-        assert_eq!(clock.late(admitted, now), 3_000 * US);
-        // A clock that falls behind shows in the next call at once: never
-        // later than that call's own round trip.
-        let sent = now;
+        clock.observe(sent, redis_at(&clock, sent, ON_TIME));
+        // Redis's clock steps back 5 ms: the next call shows it at once,
+        // and lateness is never put above that call's own round trip.
+        tokio::time::advance(ms).await;
+        let sent = Instant::now();
         tokio::time::advance(100 * US).await;
-        let admitted = redis_at(&clock, sent, -5_000);
+        let admitted = redis_at(&clock, sent, ON_TIME - 5_000);
         clock.observe(sent, admitted);
         assert_eq!(clock.late(admitted, Instant::now()), 100 * US);
+        // Then forward 5 ms again. While the low bound still counts, late
+        // replies are taken for on time (never the other way round) ...
+        let late_by = |clock: &RedisClock| {
+            let now = Instant::now();
+            clock.late(redis_at(clock, now - 3 * ms, ON_TIME), now)
+        };
+        let call = |clock: &RedisClock| {
+            let now = Instant::now();
+            clock.observe(now, redis_at(clock, now, ON_TIME));
+        };
+        call(&clock);
+        assert_eq!(late_by(&clock), Duration::ZERO);
+        tokio::time::advance(window).await;
+        call(&clock);
+        assert_eq!(late_by(&clock), Duration::ZERO);
+        // ... and two windows on, it no longer does.
+        tokio::time::advance(window).await;
+        call(&clock);
+        assert_eq!(late_by(&clock), 3 * ms);
         // Nothing seen yet: nothing is late.
         let fresh = RedisClock::default();
         assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
