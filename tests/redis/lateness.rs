@@ -1,9 +1,10 @@
 //! An admission that reaches its replica late is handed back, not sent
 //! late: judged from when the upstream saw the requests.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redislimit::{Limiter, RedisLimiter};
+use redislimit::{Hooks, Limiter, NoHooks, RedisLimiter};
 use redislimit_reqwest::PacingMiddleware;
 use redislimit_tests::record::Request;
 use redislimit_tests::{RedisServer, StallProxy, Upstream};
@@ -13,6 +14,16 @@ use crate::modes::SLACK;
 use crate::{MS, bounded, host, limiter, standalone};
 
 const SPACING: Duration = Duration::from_millis(60);
+
+/// What `Hooks::on_late_admission` was told: (late, handed back).
+#[derive(Debug, Default)]
+struct Late(Mutex<Vec<(Duration, bool)>>);
+
+impl Hooks for Late {
+    fn on_late_admission(&self, _key: &str, late: Duration, handed_back: bool) {
+        self.0.lock().unwrap().push((late, handed_back));
+    }
+}
 
 /// A client through `limiter` whose requests say they come from `replica`.
 fn client(limiter: RedisLimiter, replica: usize, upstream: &Upstream) -> ClientWithMiddleware {
@@ -32,27 +43,28 @@ fn client(limiter: RedisLimiter, replica: usize, upstream: &Upstream) -> ClientW
 /// 40 ms while A's request to `a.test` is admitted; replica B asks 20 ms
 /// after A, directly, and is told to wait out A's gap. What the upstream
 /// saw of the two (and of A's retry, if it was handed back).
-async fn late_admission(a_lateness: Duration) -> Vec<Request> {
+async fn late_admission(a_lateness: Duration, a_hooks: Arc<dyn Hooks>) -> Vec<Request> {
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let proxy = StallProxy::start(server.addr()).await;
-    let replica = |url: &str, lateness| {
+    let replica = |url: &str, lateness, hooks| {
         limiter(
             standalone(url),
             |p| p.min_delay(SPACING),
-            |b| b.cluster_concurrency(4).max_lateness(lateness),
+            |b| b.cluster_concurrency(4).max_lateness(lateness).hooks(hooks),
         )
     };
-    let a = replica(&proxy.url(), a_lateness);
-    let b = replica(&server.url(), RedisLimiter::DEFAULT_MAX_LATENESS);
-    // Each has agreed on the configuration and measured Redis's clock
-    // before anything is held.
-    for (l, name) in [(&a, "a.warm.test"), (&b, "b.warm.test")] {
-        drop(
-            bounded(10, l.acquire_host("t", host(name), None))
-                .await
-                .unwrap(),
-        );
+    let a = replica(&proxy.url(), a_lateness, a_hooks);
+    // B is the one on time: never handed back, should its own answer come
+    // late on a loaded machine (it would then go behind A).
+    let b = replica(&server.url(), Duration::MAX, Arc::new(NoHooks));
+    // Each has agreed on the configuration, loaded the scripts and seen
+    // how quick its path to Redis is before anything is held.
+    for (l, name) in [(&a, "a"), (&b, "b")] {
+        for i in 0..3 {
+            let warm = host(&format!("{name}{i}.warm.test"));
+            drop(bounded(10, l.acquire_host("t", warm, None)).await.unwrap());
+        }
     }
     // Their releases land before anything is held.
     tokio::time::sleep(50 * MS).await;
@@ -93,7 +105,7 @@ fn closest(seen: &[Request]) -> Duration {
 /// Without the guard, the scenario really sends A late: 20 ms before B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_sent_however_late_comes_too_close_to_the_next() {
-    let seen = late_admission(Duration::MAX).await;
+    let seen = late_admission(Duration::MAX, Arc::new(NoHooks)).await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     let gap = closest(&seen);
     assert!(gap + SLACK < SPACING, "sends {gap:?} apart: A was not late");
@@ -103,7 +115,8 @@ async fn an_admission_sent_however_late_comes_too_close_to_the_next() {
 /// again behind B: the upstream sees every gap kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
-    let seen = late_admission(RedisLimiter::DEFAULT_MAX_LATENESS).await;
+    let hooks = Arc::new(Late::default());
+    let seen = late_admission(RedisLimiter::DEFAULT_MAX_LATENESS, hooks.clone()).await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     let gap = closest(&seen);
     assert!(gap + SLACK >= SPACING, "sends {gap:?} apart");
@@ -112,5 +125,11 @@ async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
         seen.iter().map(|r| r.replica).collect::<Vec<_>>(),
         [1, 0],
         "{seen:?}"
+    );
+    // And A's hooks heard of it: once, some 40 ms late.
+    let told = hooks.0.lock().unwrap().clone();
+    assert!(
+        matches!(told[..], [(late, true)] if late > 20 * MS),
+        "{told:?}"
     );
 }

@@ -104,6 +104,15 @@ pub trait Hooks: Send + Sync + fmt::Debug {
         let _ = key;
     }
 
+    /// An admission for the host whose shared state is at `key` reached
+    /// its caller `late` (beyond the quickest admission of late), more
+    /// than the limiter's `max_lateness`: it was handed back and asked for
+    /// again when `handed_back`, else (a process too busy to be on time
+    /// three times in a row) sent all the same.
+    fn on_late_admission(&self, key: &str, late: Duration, handed_back: bool) {
+        let _ = (key, late, handed_back);
+    }
+
     /// A host's shared state at `key` was of the wrong type or unparseable
     /// (written by something other than this library) and was replaced by
     /// fresh state: the host is held for `lease_ttl`, so that whatever the

@@ -84,8 +84,9 @@ use crate::{
 /// mode with a `min_delay`, or under a quota, an admission that reaches
 /// its caller more than
 /// [`max_lateness`](RedisLimiterBuilder::max_lateness) after Redis made it
-/// (2 ms by default, reckoned on the Redis clock) is handed back as never
-/// sent and asked for again. What the upstream sees is then no gap more
+/// (2 ms by default, reckoned on the Redis clock, beyond the quickest
+/// admission's round trip) is handed back as never sent and asked for
+/// again. What the upstream sees is then no gap more
 /// than that short from the way to the caller; a request that leaves late
 /// after its permit was granted is beyond the limiter's sight.
 ///
@@ -439,7 +440,7 @@ impl RedisLimiterBuilder {
     /// round trip before its slot plus this margin, timed in process to a
     /// fraction of a millisecond, and is admitted as its call arrives; the
     /// pace loses about this much per admission (at 200 requests a second,
-    /// 100 µs gets about 94 % of the pace, 1 ms about 84 %).
+    /// 100 µs gets about 95 % of the pace, 1 ms about 84 %).
     ///
     /// Sends that leave late are not the margin's to absorb: an admission
     /// that reaches a busy process late is handed back (see
@@ -459,18 +460,24 @@ impl RedisLimiterBuilder {
     /// process late, and a request that then leaves late is that much
     /// closer to the next one, which another replica may send on time.
     /// Where that matters (a `min_delay` in lease mode, or a quota), an
-    /// admission that reaches its caller later than this after Redis made
-    /// it is handed back at once, as a request never sent, and asked for
-    /// again; the upstream then sees no gap more than this short of
-    /// `min_delay` from lateness on the way to the caller (a request can
-    /// still leave late after its permit is granted). The lateness is
-    /// reckoned on the Redis clock, whose offset from this process's clock
-    /// each admission bounds: it is overstated by at most the shortest
-    /// time a call has taken to reach Redis, and never put above the time
-    /// since the call was sent (under a Cluster whose clocks disagree, it
-    /// is understated for the nodes ahead). A process too busy to take a
-    /// second admission on time sends the third however late, with a
-    /// warning, rather than never. Serialized mode counts the gap from
+    /// admission that reaches its caller later than this is handed back
+    /// at once, as a request never sent, and asked for again; the
+    /// upstream then sees no gap more than this short of `min_delay` from
+    /// lateness on the way to the caller (a request can still leave late
+    /// after its permit is granted).
+    ///
+    /// Lateness is reckoned on the Redis clock, whose offset from this
+    /// process's clock each admission bounds, and counts beyond the
+    /// quickest admission's round trip of the last 10-20 s: a Redis far
+    /// away answers every replica that late, and that closes no gap. It is
+    /// understated for up to 20 s after the Redis clock steps forward, by
+    /// what the two clocks drift apart over that time, and under a
+    /// Cluster whose clocks disagree, for the nodes ahead. The admission
+    /// handed back leaves the waiting line across replicas: it had its
+    /// turn, and asks again behind those waiting. A process too busy to
+    /// take a second admission on time sends the third however late, with
+    /// a warning, rather than never; both are reported to
+    /// [`Hooks::on_late_admission`]. Serialized mode counts the gap from
     /// each completion, which lateness does not shorten; admissions booked
     /// ahead (see [`book_ahead`](Self::book_ahead)) keep their slots.
     pub fn max_lateness(mut self, lateness: Duration) -> Self {
@@ -1098,10 +1105,23 @@ impl Shared {
                     if ahead.is_zero() && args.sends_late() {
                         let late = self.redis_clock.late(at_us, Instant::now());
                         if late > self.max_lateness {
-                            if handed_back < LATE_HAND_BACKS {
+                            let again = handed_back < LATE_HAND_BACKS;
+                            self.hooks.on_late_admission(&keys.gate, late, again);
+                            if again {
                                 handed_back += 1;
-                                if let Err(err) = self.hand_back(&keys, &token, args, late).await {
+                                let back = self.hand_back(&keys, &token, args, late, &runtime);
+                                let Some(back) = within(deadline, back).await else {
+                                    // The hand-back goes on without this caller.
+                                    let now = Instant::now();
+                                    return Err(report.over_budget(
+                                        now,
+                                        deadline.unwrap_or(now),
+                                        now,
+                                    ));
+                                };
+                                if let Err(err) = back {
                                     self.hooks.on_error(Op::Acquire, &err);
+                                    tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
                                     report.abandon();
                                     return Err(err);
                                 }
@@ -1284,19 +1304,22 @@ impl Shared {
             })
             .await;
         self.circuit.observe(&reply);
-        if reply.is_ok() {
-            self.round_trip.observe(sent.elapsed());
+        if let Ok(reply) = &reply {
+            let rtt = sent.elapsed();
+            self.round_trip.observe(rtt);
+            let read = match reply[..] {
+                [1, now, _] => u64::try_from(now).ok(),
+                _ => None,
+            };
+            self.redis_clock.observe(sent, read, rtt);
         }
         let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
-            [1, now, ahead] if ahead >= 0 && now >= 0 => {
-                self.redis_clock.observe(sent, now as u64);
-                Ok(Answer::Admitted {
-                    // Within the horizon asked for, which is far below this.
-                    ahead: Duration::from_micros((ahead as u64).min(args.max_wait_us)),
-                    at_us: (now as u64).saturating_add(ahead as u64),
-                })
-            }
+            [1, now, ahead] if ahead >= 0 && now >= 0 => Ok(Answer::Admitted {
+                // Within the horizon asked for, which is far below this.
+                ahead: Duration::from_micros((ahead as u64).min(args.max_wait_us)),
+                at_us: (now as u64).saturating_add(ahead as u64),
+            }),
             [0, _, 2] => Err(Error::unavailable(
                 Op::Acquire,
                 "this acquire had been abandoned (its call timed out) before Redis ran it",
@@ -1380,28 +1403,48 @@ impl Shared {
 
     /// Hands back `token`'s admission, which reached its caller `late`
     /// (see [`RedisLimiterBuilder::max_lateness`]): abandoned as a request
-    /// never sent, before the caller asks again under the same token. A
-    /// failed hand-back fails the acquire; the lease lapses, and a quota
-    /// unit stays counted, which errs towards fewer sends.
-    async fn hand_back(
-        &self,
-        keys: &RedisKeys,
-        token: &str,
+    /// never sent, on a task of its own, so that it lands even when the
+    /// caller goes away meanwhile; the caller asks again under the same
+    /// token once it has. Its first attempt decides what the caller
+    /// does: asks again, or fails (the call failed, or the lease lapsed
+    /// first and the token is void); a failed attempt is retried off the
+    /// caller's path, as a dropped permit's release is, and counts among
+    /// the releases [`Limiter::close`] waits for.
+    fn hand_back(
+        self: &Arc<Self>,
+        keys: &Arc<RedisKeys>,
+        token: &Arc<str>,
         args: Args,
         late: Duration,
-    ) -> Result<(), Error> {
+        runtime: &Handle,
+    ) -> impl Future<Output = Result<(), Error>> + use<> {
         tracing::debug!(gate = %keys.gate, late_us = late.as_micros() as u64, "admitted too late to send; handed back");
-        let back = self.call_release(keys, token, true, args).await;
-        self.circuit.observe(&back);
-        match back.map_err(|e| unavailable(Op::Release, e))? {
-            1 => Ok(()),
-            // Not held: the lease lapsed before the hand-back, and the
-            // token is void from now on.
-            _ => Err(Error::unavailable(
-                Op::Acquire,
-                "admitted too late to send, and its lease lapsed before it could be handed back",
-            )),
-        }
+        let pending = Pending::new(self);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let (shared, keys, token) = (Arc::clone(self), Arc::clone(keys), Arc::clone(token));
+        runtime.spawn(async move {
+            let back = shared.call_release(&keys, &token, true, args).await;
+            shared.circuit.observe(&back);
+            match back {
+                Ok(1) => {
+                    let _ = answer.send(Ok(()));
+                }
+                // Not held: the lease lapsed before the hand-back, and the
+                // token is void from now on.
+                Ok(_) => {
+                    let _ = answer.send(Err(Error::unavailable(
+                        Op::Acquire,
+                        "admitted too late to send, and its lease lapsed before it could be handed back",
+                    )));
+                }
+                Err(e) => {
+                    let _ = answer.send(Err(unavailable(Op::Acquire, e)));
+                    shared.release(&keys, &token, true, args).await;
+                }
+            }
+            drop(pending);
+        });
+        async move { answered.await.unwrap_or(Err(Error::Closed)) }
     }
 
     /// Takes `token` out of the waiting line: one abandon (which also voids
@@ -1771,18 +1814,23 @@ impl Args {
     }
 }
 
-/// Where this process's clock stands against Redis `TIME`: an upper bound
-/// on the offset (Redis minus here), from the admissions seen. A script
-/// runs after its call was sent, so the Redis time it read, less the
-/// local time the call was sent, is at least the offset; the least of
-/// these is the tightest bound, above the offset by about the shortest
-/// way a call takes to Redis. Only the calls of the last one or two
-/// [`CLOCK_WINDOW`]s count, so that a Redis clock that stepped (a
-/// failover to a node whose clock differs, an NTP step) is followed
-/// within two windows either way. An admission's own call is folded in
+/// Where this process's clock stands against Redis `TIME`, and how late an
+/// answer arrives at best. A script runs after its call was sent, so the
+/// Redis time an admission read, less the local time its call was sent,
+/// is at least the offset (Redis minus here); the least of these is the
+/// tightest bound, above the offset by about the shortest way a call
+/// takes to Redis. Against that bound an answer arriving at once after
+/// its script still looks late by about a round trip; what counts is the
+/// lateness beyond the quickest acquire call's round trip, which every
+/// replica's answers take as well (until a quick call is seen, as after
+/// the first one, which loads the script, lateness errs towards "on
+/// time"). Only the calls of the last one or two
+/// [`CLOCK_WINDOW`]s count, so that a Redis clock that stepped (a failover
+/// to a node whose clock differs, an NTP step) or a path that changed is
+/// followed within two windows. An admission's own call is folded in
 /// before its lateness is reckoned, so the lateness is never put above
-/// the time since that call was sent. With several Redis clocks (a
-/// Cluster) the bound follows the one furthest behind, and the lateness
+/// that call's own round trip less the quickest. With several Redis clocks
+/// (a Cluster) the bound follows the one furthest behind, and the lateness
 /// it gives errs towards "on time" for the others.
 #[derive(Debug)]
 pub(super) struct RedisClock {
@@ -1791,14 +1839,24 @@ pub(super) struct RedisClock {
     bound: std::sync::Mutex<Option<ClockBound>>,
 }
 
-/// The least offset (µs) seen in the current window and in the one
+/// The least offset (of admissions; `i64::MAX` when none) and round trip
+/// (of acquire calls), in µs, seen in the current window and in the one
 /// before it (if it was the window just before), and when (µs after
 /// [`RedisClock::base`]) the current one began.
 #[derive(Debug, Clone, Copy)]
 struct ClockBound {
-    current: i64,
-    previous: Option<i64>,
+    current: (i64, i64),
+    previous: Option<(i64, i64)>,
     since: i64,
+}
+
+impl ClockBound {
+    /// The least offset and round trip of both windows.
+    fn least(&self) -> (i64, i64) {
+        let (offset, rtt) = self.current;
+        self.previous
+            .map_or((offset, rtt), |(o, r)| (o.min(offset), r.min(rtt)))
+    }
 }
 
 /// How long (µs) a window of [`RedisClock`] lasts.
@@ -1818,39 +1876,41 @@ impl RedisClock {
         i64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// Folds in a script that read `redis_us` on the Redis clock, of a
-    /// call sent at `sent`.
-    fn observe(&self, sent: Instant, redis_us: u64) {
+    /// Folds in an acquire call sent at `sent` and answered `rtt` later,
+    /// whose script read `redis_us` on the Redis clock if it admitted.
+    fn observe(&self, sent: Instant, redis_us: Option<u64>, rtt: Duration) {
         let at = self.local_us(sent);
-        let sample = i64::try_from(redis_us)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(at);
+        let offset = redis_us.map_or(i64::MAX, |us| {
+            i64::try_from(us).unwrap_or(i64::MAX).saturating_sub(at)
+        });
+        let rtt = i64::try_from(rtt.as_micros()).unwrap_or(i64::MAX);
         let mut bound = self
             .bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *bound = Some(match *bound {
             Some(b) if at.saturating_sub(b.since) < CLOCK_WINDOW => ClockBound {
-                current: b.current.min(sample),
+                current: (b.current.0.min(offset), b.current.1.min(rtt)),
                 ..b
             },
             // A new window; the one that ended counts on if it was the
             // last.
             Some(b) => ClockBound {
-                current: sample,
+                current: (offset, rtt),
                 previous: (at.saturating_sub(b.since) < 2 * CLOCK_WINDOW).then_some(b.current),
                 since: at,
             },
             None => ClockBound {
-                current: sample,
+                current: (offset, rtt),
                 previous: None,
                 since: at,
             },
         });
     }
 
-    /// At most how late `now` is after `redis_us` on the Redis clock (zero
-    /// before any admission was seen).
+    /// At most how late `now` is after `redis_us` on the Redis clock,
+    /// beyond the quickest call's round trip (zero before any admission
+    /// was seen).
     fn late(&self, redis_us: u64, now: Instant) -> Duration {
         let bound = *self
             .bound
@@ -1859,11 +1919,15 @@ impl RedisClock {
         let Some(b) = bound else {
             return Duration::ZERO;
         };
-        let offset = b.previous.map_or(b.current, |p| p.min(b.current));
+        let (offset, rtt) = b.least();
+        if offset == i64::MAX {
+            return Duration::ZERO;
+        }
         let late = self
             .local_us(now)
             .saturating_add(offset)
-            .saturating_sub(i64::try_from(redis_us).unwrap_or(i64::MAX));
+            .saturating_sub(i64::try_from(redis_us).unwrap_or(i64::MAX))
+            .saturating_sub(rtt);
         Duration::from_micros(u64::try_from(late).unwrap_or(0))
     }
 }
@@ -1999,64 +2063,94 @@ mod tests {
         (clock.local_us(at) + offset) as u64
     }
 
+    /// One call to Redis: it takes `to` to reach Redis, whose clock is
+    /// `offset` µs ahead, and `back` to be answered; the Redis time its
+    /// script read. Folded into `clock` as the limiter does.
+    async fn call(clock: &RedisClock, offset: i64, to: Duration, back: Duration) -> u64 {
+        let sent = Instant::now();
+        tokio::time::advance(to).await;
+        let read = redis_at(clock, Instant::now(), offset);
+        tokio::time::advance(back).await;
+        clock.observe(sent, Some(read), sent.elapsed());
+        read
+    }
+
+    /// Redis's clock, well ahead of this one's base (so that it never
+    /// reads below zero).
+    const OFFSET: i64 = 60_000_000;
+
     #[tokio::test(start_paused = true)]
-    async fn lateness_is_bounded_with_the_tightest_call_seen() {
+    async fn lateness_is_what_an_answer_takes_beyond_the_quickest() {
         let clock = RedisClock::default();
-        let offset = 5_000_000;
-        // A call that took 300 µs to reach Redis, then one that took 20.
+        // Calls of 300 µs each way, then one of 20 and 40 (the quickest).
+        call(&clock, OFFSET, 300 * US, 300 * US).await;
+        call(&clock, OFFSET, 20 * US, 40 * US).await;
+        assert_eq!(
+            clock.late(redis_at(&clock, Instant::now(), OFFSET), Instant::now()),
+            Duration::ZERO
+        );
+        // An answer that takes 3 ms to come back is late by that less
+        // the quickest answer's way back (40 µs).
+        let admitted = call(&clock, OFFSET, 20 * US, 3_000 * US).await;
+        assert_eq!(clock.late(admitted, Instant::now()), 2_960 * US);
+        // A Redis far away (2 ms each way) is late by nothing of that:
+        // every replica's answers take as long.
+        let far = RedisClock::default();
+        for _ in 0..3 {
+            let admitted = call(&far, OFFSET, 2_000 * US, 2_000 * US).await;
+            assert_eq!(far.late(admitted, Instant::now()), Duration::ZERO);
+        }
+        // Nothing seen yet, or only calls told to wait: nothing is late.
+        let fresh = RedisClock::default();
+        assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
+        fresh.observe(Instant::now(), None, 100 * US);
+        assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_first_call_is_not_the_measure_once_a_quick_one_is_seen() {
+        let clock = RedisClock::default();
+        // The first call loads the script and takes 90 ms: against it,
+        // an answer 40 ms late passes for on time ...
+        call(&clock, OFFSET, 45_000 * US, 45_000 * US).await;
+        let admitted = call(&clock, OFFSET, 20 * US, 40_000 * US).await;
+        assert_eq!(clock.late(admitted, Instant::now()), Duration::ZERO);
+        // ... until a quick call, told to wait, shows the path as it is.
         let sent = Instant::now();
-        tokio::time::advance(300 * US).await;
-        clock.observe(sent, redis_at(&clock, Instant::now(), offset));
-        let sent = Instant::now();
-        tokio::time::advance(20 * US).await;
-        let admitted = redis_at(&clock, Instant::now(), offset);
-        clock.observe(sent, admitted);
-        // Its reply reaches the caller 3 ms later: late by that, and by the
-        // 20 µs the bound cannot tell from the offset.
-        tokio::time::advance(3 * Duration::from_millis(1)).await;
-        assert_eq!(clock.late(admitted, Instant::now()), 3_020 * US);
+        tokio::time::advance(100 * US).await;
+        clock.observe(sent, None, 100 * US);
+        let admitted = call(&clock, OFFSET, 20 * US, 40_000 * US).await;
+        assert_eq!(clock.late(admitted, Instant::now()), 39_920 * US);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_clock_that_stepped_is_followed_within_two_windows() {
-        // Redis's clock, well ahead of this one's base (so that it never
-        // reads below zero).
-        const ON_TIME: i64 = 60_000_000;
         let clock = RedisClock::default();
-        let ms = Duration::from_millis(1);
         let window = Duration::from_micros(CLOCK_WINDOW as u64);
-        let sent = Instant::now();
-        clock.observe(sent, redis_at(&clock, sent, ON_TIME));
+        let quick = 50 * US;
+        call(&clock, OFFSET, quick, quick).await;
         // Redis's clock steps back 5 ms: the next call shows it at once,
-        // and lateness is never put above that call's own round trip.
-        tokio::time::advance(ms).await;
-        let sent = Instant::now();
-        tokio::time::advance(100 * US).await;
-        let admitted = redis_at(&clock, sent, ON_TIME - 5_000);
-        clock.observe(sent, admitted);
-        assert_eq!(clock.late(admitted, Instant::now()), 100 * US);
-        // Then forward 5 ms again. While the low bound still counts, late
-        // replies are taken for on time (never the other way round) ...
+        // and its own answer, as quick as ever, is not taken for late.
+        let admitted = call(&clock, OFFSET - 5_000, quick, quick).await;
+        assert_eq!(clock.late(admitted, Instant::now()), Duration::ZERO);
+        // Then forward 5 ms again. While the low bound still counts, a
+        // reply 3 ms late is taken for on time (never the other way
+        // round) ...
         let late_by = |clock: &RedisClock| {
             let now = Instant::now();
-            clock.late(redis_at(clock, now - 3 * ms, ON_TIME), now)
+            let read = redis_at(clock, now - 3 * Duration::from_millis(1), OFFSET);
+            clock.late(read, now)
         };
-        let call = |clock: &RedisClock| {
-            let now = Instant::now();
-            clock.observe(now, redis_at(clock, now, ON_TIME));
-        };
-        call(&clock);
+        call(&clock, OFFSET, quick, quick).await;
         assert_eq!(late_by(&clock), Duration::ZERO);
         tokio::time::advance(window).await;
-        call(&clock);
+        call(&clock, OFFSET, quick, quick).await;
         assert_eq!(late_by(&clock), Duration::ZERO);
-        // ... and two windows on, it no longer does.
+        // ... and two windows on, it is late by the 3 ms less the quickest
+        // answer's way back.
         tokio::time::advance(window).await;
-        call(&clock);
-        assert_eq!(late_by(&clock), 3 * ms);
-        // Nothing seen yet: nothing is late.
-        let fresh = RedisClock::default();
-        assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
+        call(&clock, OFFSET, quick, quick).await;
+        assert_eq!(late_by(&clock), 3_000 * US - quick);
     }
 
     #[test]
