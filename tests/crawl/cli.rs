@@ -277,6 +277,9 @@ async fn meaningless_flags_exit_2_naming_what_is_wrong() {
         (["--lease-ttl", "5s"], "--redis"),
         (["--scope", "x"], "--redis"),
         (["--fallback", "full"], "--redis"),
+        (["--slot-margin", "1ms"], "--redis"),
+        (["--max-lateness", "5ms"], "--redis"),
+        (["--book-ahead", "10ms"], "--redis"),
     ];
     for (flag, named) in cases {
         let mut args = resolve(&upstream, &["a.test"]);

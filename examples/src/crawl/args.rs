@@ -77,6 +77,20 @@ pub struct Args {
     /// With Redis: how long a dead replica's slot stays booked.
     #[arg(long, requires = "shared", value_parser = parse_duration, default_value = "30s")]
     pub lease_ttl: Duration,
+    /// With Redis: how long after its host's slot a waiter aims to reach
+    /// Redis; the pace loses about this much per admission.
+    #[arg(long, requires = "shared", value_parser = parse_duration, default_value = "100us")]
+    pub slot_margin: Duration,
+    /// With Redis: an admission that reaches this process later than this
+    /// after Redis made it is handed back and asked for again, not sent
+    /// late (lease mode with a --min-delay, or a --quota).
+    #[arg(long, requires = "shared", value_parser = parse_period, default_value = "2ms")]
+    pub max_lateness: Duration,
+    /// With Redis: a waiter within this of its host's slot is booked for
+    /// it at once and sends at it (0: never); for APIs that count requests
+    /// per window rather than judge each gap.
+    #[arg(long, requires = "shared", value_parser = parse_duration, default_value = "0ms")]
+    pub book_ahead: Duration,
     /// Random extra on every wait, up to this much.
     #[arg(long, value_parser = parse_duration, default_value = "0ms")]
     pub jitter: Duration,
@@ -341,6 +355,9 @@ impl Args {
             .hooks(hooks)
             .cluster_concurrency(default.cluster_concurrency)
             .lease_ttl(self.lease_ttl)
+            .slot_margin(self.slot_margin)
+            .max_lateness(self.max_lateness)
+            .book_ahead(self.book_ahead)
             .fallback_policy(self.fallback.into())
             .build()?;
         limiter.ping().await.context("Redis is unreachable")?;
