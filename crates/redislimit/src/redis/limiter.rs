@@ -85,7 +85,7 @@ use crate::{
 /// its caller more than
 /// [`max_lateness`](RedisLimiterBuilder::max_lateness) after Redis made it
 /// (2 ms by default, reckoned on the Redis clock, beyond the quickest
-/// admission's round trip) is handed back as never sent and asked for
+/// acquire call's round trip) is handed back as never sent and asked for
 /// again. What the upstream sees is then no gap more
 /// than that short from the way to the caller; a request that leaves late
 /// after its permit was granted is beyond the limiter's sight.
@@ -468,7 +468,7 @@ impl RedisLimiterBuilder {
     ///
     /// Lateness is reckoned on the Redis clock, whose offset from this
     /// process's clock each admission bounds, and counts beyond the
-    /// quickest admission's round trip of the last 10-20 s: a Redis far
+    /// quickest acquire call's round trip of the last 10-20 s: a Redis far
     /// away answers every replica that late, and that closes no gap. It is
     /// understated for up to 20 s after the Redis clock steps forward, by
     /// what the two clocks drift apart over that time, and under a
