@@ -810,6 +810,13 @@ fn a_broken_script_is_caught() {
             ),
         ),
         (
+            "an abandon sent again counts a bucket down twice",
+            Sources::release_with(
+                "elseif admitted > 0 and held then",
+                "elseif admitted > 0 then",
+            ),
+        ),
+        (
             "an unparseable place counts as lapsed",
             Sources::common_with(
                 "if a == nil then\n      garbage()",

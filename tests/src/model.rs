@@ -599,7 +599,9 @@ impl Model {
                 for member in members(token, weight) {
                     self.admits.remove(&member);
                 }
-            } else if admitted > 0 {
+            } else if admitted > 0 && held {
+                // Held no longer, it may have been handed back already (a
+                // retried abandon): its unit stays counted.
                 self.touch(Key::Admits)?;
                 let bucket = admitted.div_euclid(p.bucket);
                 if let Some(entry) = self.buckets.get_mut(&bucket) {

@@ -35,7 +35,10 @@ if abandoned then
   redis.call('HDEL', waiting, token)
   if width == 0 then
     zrem_all(admits, token, weight)
-  elseif admitted > 0 then
+  elseif admitted > 0 and held then
+    -- Counted down only while the token holds its slot: an abandon sent
+    -- again (its first attempt ran, its reply was lost) must not count
+    -- its bucket down twice; a lapsed lease leaves its unit counted.
     bucket_remove(admits, admitted, weight, width)
   end
   if not held then
