@@ -105,8 +105,8 @@ pub trait Hooks: Send + Sync + fmt::Debug {
     }
 
     /// An admission for the host whose shared state is at `key` reached
-    /// its caller `late` (beyond the quickest call of late), more than
-    /// the limiter's `max_lateness`: it was handed back and asked for
+    /// its caller `late` (beyond the quickest acquire call's round trip of
+    /// the last 10-20 s), more than the limiter's `max_lateness`: it was handed back and asked for
     /// again when `handed_back`, else (a process too busy to be on time
     /// three times in a row) sent all the same.
     fn on_late_admission(&self, key: &str, late: Duration, handed_back: bool) {

@@ -83,12 +83,14 @@ pub struct Args {
     pub slot_margin: Duration,
     /// With Redis: an admission that reaches this process later than this
     /// after Redis made it is handed back and asked for again, not sent
-    /// late (lease mode with a --min-delay, or a --quota).
-    #[arg(long, requires = "shared", value_parser = parse_period, default_value = "2ms")]
+    /// late (lease mode with a --min-delay, or a --quota); a long one,
+    /// such as 1h, turns this off.
+    #[arg(long, requires = "shared", value_parser = parse_lateness, default_value = "2ms")]
     pub max_lateness: Duration,
     /// With Redis: a waiter within this of its host's slot is booked for
-    /// it at once and sends at it (0: never); for APIs that count requests
-    /// per window rather than judge each gap.
+    /// it at once and sends at it (0: never; at most --lease-ttl; never for
+    /// hosts with --jitter); for APIs that count requests per window rather
+    /// than judge each gap.
     #[arg(long, requires = "shared", value_parser = parse_duration, default_value = "0ms")]
     pub book_ahead: Duration,
     /// Random extra on every wait, up to this much.
@@ -242,6 +244,16 @@ fn parse_period(text: &str) -> Result<Duration, String> {
     match parse_duration(text)? {
         Duration::ZERO => Err("a period of 0 would never end: give more than zero".into()),
         period => Ok(period),
+    }
+}
+
+/// A lateness above zero.
+fn parse_lateness(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => {
+            Err("0 would hand back every admission: give more than zero (1h turns it off)".into())
+        }
+        lateness => Ok(lateness),
     }
 }
 

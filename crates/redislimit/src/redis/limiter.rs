@@ -469,10 +469,13 @@ impl RedisLimiterBuilder {
     /// Lateness is reckoned on the Redis clock, whose offset from this
     /// process's clock each admission bounds, and counts beyond the
     /// quickest acquire call's round trip of the last 10-20 s: a Redis far
-    /// away answers every replica that late, and that closes no gap. It is
-    /// understated for up to 20 s after the Redis clock steps forward, by
-    /// what the two clocks drift apart over that time, and under a
-    /// Cluster whose clocks disagree, for the nodes ahead. The admission
+    /// away answers every replica that late, and that closes no gap. For
+    /// up to 20 s after the Redis clock steps forward it is understated by
+    /// the step (and by what the clocks drift apart in that time, should
+    /// Redis's run fast); after the path to Redis grows slower (a failover
+    /// to a node further away), it is overstated by as much for as long,
+    /// and admissions are handed back needlessly. Under a Cluster whose
+    /// clocks disagree, it is understated for the nodes ahead. The admission
     /// handed back leaves the waiting line across replicas: it had its
     /// turn, and asks again behind those waiting. A process too busy to
     /// take a second admission on time sends the third however late, with
@@ -1120,6 +1123,10 @@ impl Shared {
                                     ));
                                 };
                                 if let Err(err) = back {
+                                    // The runtime is shutting down.
+                                    if matches!(err, Error::Closed) {
+                                        return Err(report.fail(err));
+                                    }
                                     self.hooks.on_error(Op::Acquire, &err);
                                     tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
                                     report.abandon();
@@ -1425,13 +1432,17 @@ impl Shared {
         runtime.spawn(async move {
             let back = shared.call_release(&keys, &token, true, args).await;
             shared.circuit.observe(&back);
+            // Landed (or given up) before the caller hears of it: the caller
+            // must not take it for a release still on its way.
             match back {
                 Ok(1) => {
+                    drop(pending);
                     let _ = answer.send(Ok(()));
                 }
                 // Not held: the lease lapsed before the hand-back, and the
                 // token is void from now on.
                 Ok(_) => {
+                    drop(pending);
                     let _ = answer.send(Err(Error::unavailable(
                         Op::Acquire,
                         "admitted too late to send, and its lease lapsed before it could be handed back",
@@ -1440,9 +1451,9 @@ impl Shared {
                 Err(e) => {
                     let _ = answer.send(Err(unavailable(Op::Acquire, e)));
                     shared.release(&keys, &token, true, args).await;
+                    drop(pending);
                 }
             }
-            drop(pending);
         });
         async move { answered.await.unwrap_or(Err(Error::Closed)) }
     }
@@ -1841,8 +1852,9 @@ pub(super) struct RedisClock {
 
 /// The least offset (of admissions; `i64::MAX` when none) and round trip
 /// (of acquire calls), in µs, seen in the current window and in the one
-/// before it (if it was the window just before), and when (µs after
-/// [`RedisClock::base`]) the current one began.
+/// before it (if it was the window just before; after a quiet spell, the
+/// last round trip seen), and when (µs after [`RedisClock::base`]) the
+/// current one began.
 #[derive(Debug, Clone, Copy)]
 struct ClockBound {
     current: (i64, i64),
@@ -1894,10 +1906,15 @@ impl RedisClock {
                 ..b
             },
             // A new window; the one that ended counts on if it was the
-            // last.
+            // last. After a quiet spell its round trip still does: a
+            // spell without calls says nothing about the path.
             Some(b) => ClockBound {
                 current: (offset, rtt),
-                previous: (at.saturating_sub(b.since) < 2 * CLOCK_WINDOW).then_some(b.current),
+                previous: Some(if at.saturating_sub(b.since) < 2 * CLOCK_WINDOW {
+                    b.current
+                } else {
+                    (i64::MAX, b.least().1)
+                }),
                 since: at,
             },
             None => ClockBound {
@@ -2105,6 +2122,17 @@ mod tests {
         assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
         fresh.observe(Instant::now(), None, 100 * US);
         assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_held_up_after_a_quiet_spell_is_late() {
+        let clock = RedisClock::default();
+        call(&clock, OFFSET, 50 * US, 50 * US).await;
+        // A minute without a call, then one whose answer is held 40 ms:
+        // the quick path seen before the spell is still the measure.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let admitted = call(&clock, OFFSET, 50 * US, 40_000 * US).await;
+        assert_eq!(clock.late(admitted, Instant::now()), 39_950 * US);
     }
 
     #[tokio::test(start_paused = true)]
