@@ -280,6 +280,7 @@ async fn meaningless_flags_exit_2_naming_what_is_wrong() {
         (["--slot-margin", "1ms"], "--redis"),
         (["--max-lateness", "5ms"], "--redis"),
         (["--book-ahead", "10ms"], "--redis"),
+        (["--max-lateness", "0"], "would hand back every admission"),
     ];
     for (flag, named) in cases {
         let mut args = resolve(&upstream, &["a.test"]);

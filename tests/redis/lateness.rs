@@ -126,3 +126,65 @@ async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
         "{told:?}"
     );
 }
+
+/// A late admission whose hand-back is lost with its connection: the
+/// acquire fails (nothing is sent), and the hand-back is retried off its
+/// path until it lands, so the host's only slot is free for the next
+/// replica at once rather than after A's lease of a minute. With one
+/// attempt only, the slot stays booked and B's five seconds run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_lost_with_its_connection_is_sent_again() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let proxy = StallProxy::start(server.addr()).await;
+    let replica = |url: &str, lateness| {
+        limiter(
+            standalone(url),
+            |p| p.min_delay(SPACING),
+            |b| {
+                b.cluster_concurrency(1)
+                    .lease_ttl(Duration::from_secs(60))
+                    .max_lateness(lateness)
+            },
+        )
+    };
+    let (a, b) = (
+        replica(&proxy.url(), RedisLimiter::DEFAULT_MAX_LATENESS),
+        replica(&server.url(), Duration::MAX),
+    );
+    for (l, name) in [(&a, "a"), (&b, "b")] {
+        for i in 0..3 {
+            let warm = host(&format!("{name}{i}.warm.test"));
+            drop(bounded(10, l.acquire_host("t", warm, None)).await.unwrap());
+        }
+    }
+    tokio::time::sleep(50 * MS).await;
+    let url = upstream.url("a.test", "/");
+    let (ca, cb) = (client(a, 0, &upstream), client(b, 1, &upstream));
+    // A is admitted and its answer held; then the answer goes through and
+    // the hand-back it sets off is held, and lost with the connection.
+    proxy.stall_replies();
+    let sent_a = tokio::spawn({
+        let url = url.clone();
+        async move { bounded(20, ca.get(&url).send()).await }
+    });
+    tokio::time::sleep(40 * MS).await;
+    proxy.stall_requests();
+    tokio::time::sleep(40 * MS).await;
+    proxy.cut();
+    proxy.resume();
+    let failed = sent_a.await.unwrap();
+    assert!(failed.is_err(), "A sent late: {failed:?}");
+    // B may wait a moment, never the minute A's lease would hold the host
+    // for had its hand-back been given up.
+    let response = bounded(20, cb.get(&url).timeout(Duration::from_secs(5)).send())
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{response:?}");
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(
+        seen.iter().map(|r| r.replica).collect::<Vec<_>>(),
+        [1],
+        "{seen:?}"
+    );
+}

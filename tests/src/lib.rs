@@ -11,7 +11,7 @@
 //!   test runs beside the real scripts;
 //! - [`Upstream`]: a real HTTP server on loopback that serves any host name and records
 //!   when each request arrived and when its response ended;
-//! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries (a stalled connection);
+//! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries, one way or both (a stalled connection), or cut it;
 //! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when

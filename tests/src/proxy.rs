@@ -10,15 +10,18 @@ use tokio::task::JoinHandle;
 
 /// Forwards every connection made to it to one target. While stalled, it
 /// keeps accepting connections and reading, but holds every byte (both
-/// ways, or only the target's replies) until it is resumed: nothing is
-/// lost, everything arrives late.
+/// ways, or one way) until it is resumed: nothing is lost, everything
+/// arrives late. A cut closes every connection open, and what it held is
+/// lost.
 ///
 /// Stops when dropped.
 #[derive(Debug)]
 pub struct StallProxy {
     addr: SocketAddr,
-    /// What is held: [`BOTH_WAYS`] and/or [`REPLIES`].
-    stalled: watch::Sender<u8>,
+    /// What is held.
+    stalled: watch::Sender<Held>,
+    /// How many cuts were made.
+    cuts: watch::Sender<u64>,
     server: JoinHandle<()>,
 }
 
@@ -28,27 +31,37 @@ impl StallProxy {
     pub async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stalled, _) = watch::channel(0);
-        let gate = stalled.clone();
+        let (stalled, _) = watch::channel(Held::Nothing);
+        let (cuts, _) = watch::channel(0);
+        let (gate, cutter) = (stalled.clone(), cuts.clone());
         let server = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let gate = gate.subscribe();
+                let mut cut = cutter.subscribe();
                 tokio::spawn(async move {
                     let Ok(upstream) = TcpStream::connect(target).await else {
                         return;
                     };
                     let (cr, cw) = client.into_split();
                     let (ur, uw) = upstream.into_split();
-                    tokio::join!(
-                        pump(cr, uw, gate.clone(), BOTH_WAYS),
-                        pump(ur, cw, gate, BOTH_WAYS | REPLIES)
-                    );
+                    let pumps = async {
+                        tokio::join!(pump(cr, uw, gate.clone(), false), pump(ur, cw, gate, true))
+                    };
+                    // A cut drops both sockets, and the bytes held: looked
+                    // at first, so that a resume right after it lets
+                    // nothing held through.
+                    tokio::select! {
+                        biased;
+                        _ = cut.changed() => {}
+                        _ = pumps => {}
+                    }
                 });
             }
         });
         Self {
             addr,
             stalled,
+            cuts,
             server,
         }
     }
@@ -65,19 +78,31 @@ impl StallProxy {
 
     /// Holds all traffic from now on, until [`resume`](Self::resume).
     pub fn stall(&self) {
-        self.stalled.send_replace(BOTH_WAYS);
+        self.stalled.send_replace(Held::BothWays);
     }
 
     /// Holds the target's replies from now on, until
     /// [`resume`](Self::resume); what clients send still goes through, so
     /// the target acts at once and its answers arrive late.
     pub fn stall_replies(&self) {
-        self.stalled.send_replace(REPLIES);
+        self.stalled.send_replace(Held::Replies);
+    }
+
+    /// Holds what clients send from now on, until [`resume`](Self::resume);
+    /// the target's replies still come through.
+    pub fn stall_requests(&self) {
+        self.stalled.send_replace(Held::Requests);
+    }
+
+    /// Closes every connection open now, losing what they held; new ones
+    /// are carried as before (stalled if the proxy is).
+    pub fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
     }
 
     /// Lets the held traffic through and carries on.
     pub fn resume(&self) {
-        self.stalled.send_replace(0);
+        self.stalled.send_replace(Held::Nothing);
     }
 }
 
@@ -87,18 +112,24 @@ impl Drop for StallProxy {
     }
 }
 
-/// A stall of both directions.
-const BOTH_WAYS: u8 = 1;
-/// A stall of the target's replies only.
-const REPLIES: u8 = 2;
+/// What a [`StallProxy`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Nothing,
+    BothWays,
+    /// The target's replies only.
+    Replies,
+    /// What clients send only.
+    Requests,
+}
 
-/// Copies `from` to `to`, holding each read while the gate holds any of
-/// the stalls in `held_by`.
+/// Copies `from` to `to` (the target's `replies`, or what clients send),
+/// holding each read while the gate holds that direction.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut gate: watch::Receiver<u8>,
-    held_by: u8,
+    mut gate: watch::Receiver<Held>,
+    replies: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -107,7 +138,12 @@ async fn pump(
             Ok(n) => n,
         };
         if gate
-            .wait_for(|stalled| stalled & held_by == 0)
+            .wait_for(|held| match held {
+                Held::Nothing => true,
+                Held::BothWays => false,
+                Held::Replies => !replies,
+                Held::Requests => replies,
+            })
             .await
             .is_err()
         {
