@@ -482,7 +482,10 @@ impl RedisLimiterBuilder {
     /// a warning, rather than never; both are reported to
     /// [`Hooks::on_late_admission`]. Serialized mode counts the gap from
     /// each completion, which lateness does not shorten; admissions booked
-    /// ahead (see [`book_ahead`](Self::book_ahead)) keep their slots.
+    /// ahead (see [`book_ahead`](Self::book_ahead)) keep their slots. Not
+    /// part of the configuration agreement (nor is
+    /// [`slot_margin`](Self::slot_margin)): replicas may differ in it, as
+    /// it shapes only this process's sends.
     pub fn max_lateness(mut self, lateness: Duration) -> Self {
         self.max_lateness = lateness;
         self
