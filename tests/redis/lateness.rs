@@ -119,10 +119,12 @@ async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
         [1, 0],
         "{seen:?}"
     );
-    // And A's hooks heard of it: once, some 40 ms late.
+    // And A's hooks heard of it, some 40 ms late. (Under the whole suite's
+    // load A's next admission was once late too, and handed back as well:
+    // what the upstream saw is what this test is about.)
     let told = hooks.0.lock().unwrap().clone();
     assert!(
-        matches!(told[..], [(late, true)] if late > 20 * MS),
+        matches!(told[..], [(late, true), ..] if late > 20 * MS),
         "{told:?}"
     );
 }
