@@ -37,19 +37,37 @@ use crate::Error;
 pub struct HostKey {
     name: Arc<str>,
     port: Option<u16>,
+    /// The name's hash, computed once: a limiter hashes a key several
+    /// times per request (its shard, its map, on acquire and release).
+    hash: u64,
+}
+
+/// The seed of every key's hash: random, once per process, so that hosts
+/// chosen to collide cannot be found in advance (maps keyed by hosts then
+/// mix it again with their own seeds).
+fn name_hash(name: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    SEED.get_or_init(foldhash::fast::RandomState::default)
+        .hash_one(name)
 }
 
 impl PartialEq for HostKey {
     fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
+        // Clones of one key (the usual case in a limiter's maps) share
+        // their name: no need to compare the bytes.
+        Arc::ptr_eq(&self.name, &other.name) || self.name == other.name
     }
 }
 
 impl Eq for HostKey {}
 
+/// Consistent with equality (equal names hash alike), through a hash of
+/// the name computed when the key was made. It is not the hash of the
+/// name's `str`, so `HostKey` must never implement `Borrow<str>`.
 impl std::hash::Hash for HostKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.name.hash(state);
+        state.write_u64(self.hash);
     }
 }
 
@@ -80,8 +98,10 @@ impl HostKey {
     /// A key made of `name` as it is (already a key's text, such as a
     /// registrable domain or `host:port`), carrying no port.
     pub(crate) fn named(name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
         Self {
-            name: name.into(),
+            hash: name_hash(&name),
+            name,
             port: None,
         }
     }

@@ -375,16 +375,18 @@ forward_limiter!(Arc<L>, Box<L>, &L);
 
 type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
 
-/// What the permit of an in-crate limiter does, in one allocation.
+/// What the permit of an in-crate limiter does, in one allocation. Each
+/// method is given the permit's host (the key the admission was made
+/// under), so that the admission need not keep a copy.
 pub(crate) trait Admitted: Send + Sync {
     /// The request is complete.
-    fn release(self: Box<Self>);
+    fn release(self: Box<Self>, host: &HostKey);
     /// The request was never sent: take the admission back.
-    fn abandon(self: Box<Self>);
+    fn abandon(self: Box<Self>, host: &HostKey);
     /// The request leaves at `at`; see [`Permit::try_send`].
-    fn try_send(&mut self, at: Instant) -> Result<(), Instant>;
+    fn try_send(&mut self, host: &HostKey, at: Instant) -> Result<(), Instant>;
     /// The request weighs `weight`; see [`Permit::reweigh`].
-    fn reweigh(&mut self, weight: u32);
+    fn reweigh(&mut self, host: &HostKey, weight: u32);
 }
 
 /// How a permit is released.
@@ -470,7 +472,7 @@ impl Permit {
         if let Some(Release::Admitted { admitted, sent }) = &mut self.release
             && !*sent
         {
-            admitted.try_send(at)?;
+            admitted.try_send(&self.host, at)?;
             *sent = true;
         }
         Ok(())
@@ -483,7 +485,7 @@ impl Permit {
     /// once the shared limiter has admitted it.
     pub(crate) fn reweigh(&mut self, weight: u32) {
         if let Some(Release::Admitted { admitted, .. }) = &mut self.release {
-            admitted.reweigh(weight);
+            admitted.reweigh(&self.host, weight);
         }
     }
 
@@ -512,7 +514,7 @@ impl Permit {
                 ..
             }) => abandon(),
             Some(Release::Closures { release, .. }) => release(),
-            Some(Release::Admitted { admitted, .. }) => admitted.abandon(),
+            Some(Release::Admitted { admitted, .. }) => admitted.abandon(&self.host),
             None => {}
         }
     }
@@ -522,7 +524,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         match self.release.take() {
             Some(Release::Closures { release, .. }) => release(),
-            Some(Release::Admitted { admitted, .. }) => admitted.release(),
+            Some(Release::Admitted { admitted, .. }) => admitted.release(&self.host),
             None => {}
         }
     }

@@ -264,6 +264,14 @@ impl Policies {
         self.table.key_by.key(host)
     }
 
+    /// [`key`](Self::key), consuming `host`: no copy when it is its own key.
+    pub(crate) fn key_of(&self, host: HostKey) -> HostKey {
+        match self.table.key_by {
+            KeyBy::Host => host,
+            by => by.key(&host),
+        }
+    }
+
     /// The rule that decides `host`'s pacing, `None` for the default.
     pub fn rule_for(&self, host: &HostKey) -> Option<&Rule> {
         self.index(host)

@@ -276,11 +276,24 @@ impl HostState {
     /// the pacing spaces sends only, the next send waits `min_delay` from
     /// it.
     pub(crate) fn complete(&mut self, now: Instant, pacing: &Pacing, weight: u32) {
-        self.epoch = self.epoch.wrapping_add(1);
-        self.in_flight = self.in_flight.saturating_sub(weight);
-        if pacing.spacing() == Spacing::SendsAndCompletions {
+        self.end(weight);
+        if Self::completion_matters(pacing) {
             self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
         }
+    }
+
+    /// Whether [`complete`](Self::complete) reads its instant under
+    /// `pacing`: when a gap counts from completions. Otherwise
+    /// [`end`](Self::end) records the same completion without one.
+    pub(crate) fn completion_matters(pacing: &Pacing) -> bool {
+        pacing.spacing() == Spacing::SendsAndCompletions && !pacing.min_delay().is_zero()
+    }
+
+    /// Records the completion of a request of `weight`, whose instant
+    /// does not matter (see [`completion_matters`](Self::completion_matters)).
+    pub(crate) fn end(&mut self, weight: u32) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.in_flight = self.in_flight.saturating_sub(weight);
     }
 
     /// Holds the host back until at least `now + hold`; never shortens a

@@ -416,10 +416,10 @@ async fn acquire(
     let policy = inner.policies.index(&host);
     let pacing = inner.policies.at(policy);
     // From here on the state's key (the host itself unless keyed otherwise).
-    let host = inner.policies.key(&host);
+    let host = inner.policies.key_of(host);
     let weight = request.check_weight(&host, pacing.max_concurrent(), pacing.quota())?;
     let priority = request.priority();
-    inner.sweep.ensure_running(Arc::downgrade(inner));
+    inner.sweep.ensure_running(inner);
     let start = Instant::now();
     let report = WaitReport::new(&*inner.hooks, engine, &host, start);
     let shard = inner.shard(&host);
@@ -444,7 +444,7 @@ async fn acquire(
             }
             drop(guard);
             report.finish_waited(WaitOutcome::Acquired, Duration::ZERO);
-            return Ok(inner.permit(host.clone(), Duration::ZERO, admission, policy));
+            return Ok(inner.permit(host, Duration::ZERO, admission, policy));
         }
         if let Some(max) = pacing.max_queued()
             && entry.queue.len() >= max as usize
@@ -480,12 +480,53 @@ async fn acquire(
         guard.mark(&host, inner.track_in_flight);
         (id, wake)
     };
-    let mut place = Place {
+    let place = Place {
         inner,
         host: &host,
         id,
         queued: true,
     };
+    // The wait, in a future of its own: an admission on the fast path
+    // never carries (or moves) the waiting loop's state.
+    let queued = Queued {
+        policy,
+        weight,
+        priority,
+        wake,
+    };
+    Box::pin(wait_in_line(inner, place, deadline, report, queued)).await
+}
+
+/// An acquire that joined its host's line, as [`wait_in_line`] takes it.
+struct Queued {
+    policy: usize,
+    weight: u32,
+    priority: u8,
+    wake: Arc<Notify>,
+}
+
+/// Waits at `place` in its host's line until admitted, or until it gives
+/// up or is dropped (leaving the line).
+async fn wait_in_line(
+    inner: &Arc<Inner>,
+    place: Place<'_>,
+    deadline: Option<Instant>,
+    report: WaitReport<'_>,
+    queued: Queued,
+) -> Result<Permit, Error> {
+    // Bound in this order, so that a cancelled acquire leaves the line
+    // (`place` drops) before its hooks hear of it (`report` drops).
+    let report = report;
+    let mut place = place;
+    let Queued {
+        policy,
+        weight,
+        priority,
+        wake,
+    } = queued;
+    let (host, id) = (place.host, place.id);
+    let pacing = inner.policies.at(policy);
+    let shard = inner.shard(host);
 
     loop {
         let now = Instant::now();
@@ -495,7 +536,7 @@ async fn acquire(
         }
         let step = {
             let mut guard = lock(shard);
-            let entry = guard.entry(&host, now, policy);
+            let entry = guard.entry(host, now, policy);
             let step = match entry.queue.iter().position(|w| w.id == id) {
                 Some(at) if entry.may_decide(at) => match entry.state.decide(now, pacing, weight) {
                     Decision::Admit => {
@@ -524,14 +565,14 @@ async fn acquire(
                     };
                     enqueue(&mut entry.queue, waiter);
                     guard.queued += 1;
-                    guard.mark(&host, inner.track_in_flight);
+                    guard.mark(host, inner.track_in_flight);
                     Step::Park(now)
                 }
             };
             if matches!(step, Step::Admitted(_)) {
                 guard.queued -= 1;
                 guard.in_flight += weight as usize;
-                guard.mark(&host, inner.track_in_flight);
+                guard.mark(host, inner.track_in_flight);
             }
             step
         };
@@ -579,7 +620,6 @@ impl Inner {
     ) -> Permit {
         let admitted = LocalAdmission {
             inner: Arc::clone(self),
-            host: host.clone(),
             admission,
             policy,
         };
@@ -631,21 +671,39 @@ impl Inner {
     }
 
     fn shard(&self, host: &HostKey) -> &Mutex<Shard> {
-        let hash = self.hasher.hash_one(host.as_str()) as usize;
+        let hash = self.hasher.hash_one(host) as usize;
         &self.shards[hash & (self.shards.len() - 1)]
     }
 
     fn release(&self, host: &HostKey, policy: usize, weight: u32) {
-        let now = Instant::now();
+        let pacing = self.policies.at(policy);
+        // The clock is read only when the completion's instant matters.
+        let now = HostState::completion_matters(pacing).then(Instant::now);
         let mut guard = lock(self.shard(host));
-        if let Some(entry) = guard.hosts.get_mut(host) {
-            let before = entry.state.in_flight();
-            entry.state.complete(now, self.policies.at(policy), weight);
-            entry.wake_turns();
-            let ended = (before - entry.state.in_flight()) as usize;
-            guard.ended(host, ended, self.track_in_flight);
+        let shard = &mut *guard;
+        let Some(entry) = shard.hosts.get_mut(host) else {
+            return;
+        };
+        let before = entry.state.in_flight();
+        match now {
+            Some(now) => entry.state.complete(now, pacing, weight),
+            None => entry.state.end(weight),
         }
-        guard.settle(host, &self.policies, &self.sweep);
+        entry.wake_turns();
+        shard.in_flight -= (before - entry.state.in_flight()) as usize;
+        let track = self.track_in_flight && entry.queue.is_empty() && entry.state.in_flight() == 0;
+        // Settled on the entry at hand: one lookup of the host.
+        settle_entry(
+            entry,
+            &mut shard.expiries,
+            host,
+            &self.policies,
+            &self.sweep,
+            now,
+        );
+        if track {
+            shard.mark(host, true);
+        }
     }
 
     fn penalize(self: &Arc<Self>, host: HostKey, hold: Duration) {
@@ -655,7 +713,7 @@ impl Inner {
             return;
         }
         let host = self.policies.key(&host);
-        self.sweep.ensure_running(Arc::downgrade(self));
+        self.sweep.ensure_running(self);
         let now = Instant::now();
         let mut guard = lock(self.shard(&host));
         let entry = guard.entry(&host, now, policy);
@@ -756,57 +814,85 @@ impl Shard {
     }
 
     fn entry(&mut self, host: &HostKey, now: Instant, policy: usize) -> &mut Entry {
-        self.hosts.entry(host.clone()).or_insert_with(|| Entry {
-            state: HostState::new(now),
-            policy,
-            queue: VecDeque::new(),
-            sweep_at: None,
-        })
+        // Two lookups when the host is known (the usual case) cost less
+        // than cloning its key for `HashMap::entry` every time.
+        if !self.hosts.contains_key(host) {
+            self.hosts.insert(
+                host.clone(),
+                Entry {
+                    state: HostState::new(now),
+                    policy,
+                    queue: VecDeque::new(),
+                    sweep_at: None,
+                },
+            );
+        }
+        match self.hosts.get_mut(host) {
+            Some(entry) => entry,
+            None => unreachable!("inserted above, under the same lock"),
+        }
     }
 
     /// After a change to `host`: if nothing is in flight or waiting any
     /// more, make sure the sweeper will look at it when it becomes idle.
     fn settle(&mut self, host: &HostKey, policies: &Policies, sweep: &SweepSignal) {
-        let Some(entry) = self.hosts.get_mut(host) else {
-            return;
-        };
-        if !entry.queue.is_empty() || entry.sweep_at.is_some() {
-            return;
-        }
-        if let Some(at) = entry.state.idle_at(policies.at(entry.policy)) {
-            entry.sweep_at = Some(at);
-            self.expiries.push(Reverse((at, host.clone())));
-            sweep.schedule(at);
+        let Shard {
+            hosts, expiries, ..
+        } = self;
+        if let Some(entry) = hosts.get_mut(host) {
+            settle_entry(entry, expiries, host, policies, sweep, None);
         }
     }
 }
 
-/// One admission of a [`DomainLimiter`], as its permit holds it.
+/// [`Shard::settle`] on `host`'s `entry`, at `now` when the caller read
+/// the clock. An idle instant already past is scheduled as now: the
+/// sweeper, which looks on a grain, is then not woken early for it.
+fn settle_entry(
+    entry: &mut Entry,
+    expiries: &mut BinaryHeap<Reverse<(Instant, HostKey)>>,
+    host: &HostKey,
+    policies: &Policies,
+    sweep: &SweepSignal,
+    now: Option<Instant>,
+) {
+    if !entry.queue.is_empty() || entry.sweep_at.is_some() {
+        return;
+    }
+    if let Some(at) = entry.state.idle_at(policies.at(entry.policy)) {
+        let at = at.max(now.unwrap_or_else(Instant::now));
+        entry.sweep_at = Some(at);
+        expiries.push(Reverse((at, host.clone())));
+        sweep.schedule(at);
+    }
+}
+
+/// One admission of a [`DomainLimiter`], as its permit holds it (the
+/// permit keeps the host's key).
 struct LocalAdmission {
     inner: Arc<Inner>,
-    host: HostKey,
     admission: Admission,
     policy: usize,
 }
 
 impl Admitted for LocalAdmission {
-    fn release(self: Box<Self>) {
+    fn release(self: Box<Self>, host: &HostKey) {
         self.inner
-            .release(&self.host, self.policy, self.admission.weight());
+            .release(host, self.policy, self.admission.weight());
     }
 
-    fn abandon(self: Box<Self>) {
-        self.inner.undo(&self.host, &self.admission);
+    fn abandon(self: Box<Self>, host: &HostKey) {
+        self.inner.undo(host, &self.admission);
     }
 
-    fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
+    fn try_send(&mut self, host: &HostKey, at: Instant) -> Result<(), Instant> {
         self.inner
-            .try_send(&self.host, &mut self.admission, at, self.policy)
+            .try_send(host, &mut self.admission, at, self.policy)
     }
 
-    fn reweigh(&mut self, weight: u32) {
+    fn reweigh(&mut self, host: &HostKey, weight: u32) {
         self.inner
-            .reweigh(&self.host, &mut self.admission, weight, self.policy);
+            .reweigh(host, &mut self.admission, weight, self.policy);
     }
 }
 

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 /// Sweeps happen on multiples of this since the limiter was made, so a
 /// stream of releases wakes the sweeper at most once per grain rather than
-/// once per release; an idle host is forgotten at most this much late.
+/// once per release (a release schedules its host no earlier than
+/// itself); an idle host is forgotten at most this much late.
 pub(crate) const GRAIN: Duration = Duration::from_millis(100);
 
 /// What the limiter and its sweeper task share besides the host map.
@@ -66,10 +67,11 @@ impl SweepSignal {
     /// Starts the sweeper task if none is alive (the first use, or after the
     /// runtime that ran the previous one shut down). Must run inside a Tokio
     /// runtime; acquire and penalize do.
-    pub(crate) fn ensure_running<T: Sweep>(self: &Arc<Self>, target: Weak<T>) {
+    pub(crate) fn ensure_running<T: Sweep>(self: &Arc<Self>, target: &Arc<T>) {
         if self.running.load(Ordering::Acquire) {
             return;
         }
+        let target = Arc::downgrade(target);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
