@@ -79,3 +79,50 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
         assert_eq!(after.get("evalsha"), Some(&2), "cap {cap}: {after:?}");
     }
 }
+
+/// A permit released before its first renewal is due costs Redis its
+/// acquire and release and nothing more (the booked renewal is taken
+/// back), and one held past it is renewed. Counted by Redis: `ZSCORE` is
+/// run by the acquire script (its void check) and by the renewal of a
+/// lease, by no other script a limiter sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_sent_only_for_a_permit_held_until_it_is_due() {
+    let server = RedisServer::start();
+    let ttl = 200 * MS; // a renewal is due every 100 ms of holding
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p,
+        |b| {
+            b.cluster_concurrency(3)
+                .lease_ttl(ttl)
+                .max_lateness(Duration::MAX)
+        },
+    );
+    drop(l.acquire_host("t", host("warm.test"), None).await.unwrap());
+    tokio::time::sleep(50 * MS).await;
+    let zscores = || command_calls(&server).get("zscore").copied().unwrap_or(0);
+
+    server.command(&["CONFIG", "RESETSTAT"]);
+    for i in 0..20 {
+        drop(
+            l.acquire_host("t", host(&format!("short{i}.test")), None)
+                .await
+                .unwrap(),
+        );
+    }
+    // Three renewal periods on: a renewal not taken back would have run.
+    tokio::time::sleep(3 * ttl / 2).await;
+    assert_eq!(zscores(), 20, "only the acquires' void checks ran");
+
+    server.command(&["CONFIG", "RESETSTAT"]);
+    let held = l.acquire_host("t", host("long.test"), None).await.unwrap();
+    tokio::time::sleep(5 * ttl / 4).await;
+    let renewed = zscores();
+    drop(held);
+    // The acquire, and the renewal due at 100 ms of holding (another is
+    // due at 200 ms).
+    assert!(
+        renewed >= 2,
+        "a held permit was not renewed: {renewed} ZSCOREs"
+    );
+}

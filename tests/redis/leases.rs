@@ -149,6 +149,67 @@ async fn a_permit_held_past_the_keys_ttl_keeps_its_slot_by_renewing() {
     }
 }
 
+/// A limiter's first renewals are started by one task, on the runtime of
+/// its first permit. When that runtime ends, a permit held on another
+/// runtime still renews: another replica never gets the one slot it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_keeps_renewing_after_the_runtime_of_the_first_one_ends() {
+    let server = RedisServer::start();
+    let ttl = 300 * MS;
+    let make = || {
+        Arc::new(limiter(
+            standalone(&server.url()),
+            |p| p,
+            |b| {
+                b.cluster_concurrency(1)
+                    .lease_ttl(ttl)
+                    .concurrency_retry(10 * MS)
+            },
+        ))
+    };
+    let (a, b) = (make(), make());
+    // The first permit, on a runtime of its own, which then ends.
+    let (started, start) = std::sync::mpsc::channel();
+    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let a = Arc::clone(&a);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                drop(a.acquire_host("t", host("first.test"), None).await.unwrap());
+                started.send(()).unwrap();
+                let _ = ended.await;
+            });
+        })
+    };
+    start.recv().unwrap();
+    let long = a.acquire_host("t", host("a.test"), None).await.unwrap();
+    end.send(()).unwrap();
+    first.join().unwrap();
+    let rec = Arc::new(Recorder::new());
+    let send = Instant::now();
+    let other = {
+        let (b, rec) = (Arc::clone(&b), Arc::clone(&rec));
+        tokio::spawn(async move {
+            let p = b.acquire_host("t", host("a.test"), None).await.unwrap();
+            let send = Instant::now();
+            rec.record("a.test", 1, send, Instant::now());
+            drop(p);
+        })
+    };
+    // Longer than the keys' own TTL (lease_ttl + 1 s): only renewals keep
+    // the slot.
+    tokio::time::sleep(8 * ttl).await;
+    assert!(!other.is_finished(), "the long request's slot was taken");
+    rec.record("a.test", 0, send, Instant::now());
+    drop(long);
+    bounded(10, other).await.unwrap();
+    assert_serialized(&rec.host("a.test"), Duration::ZERO);
+}
+
 /// Records every error a limiter reports.
 #[derive(Debug, Default)]
 struct Errors(std::sync::Mutex<Vec<String>>);

@@ -3,6 +3,6 @@
 
 mod host;
 mod limiter;
-mod sweep;
+pub(crate) mod sweep;
 
 pub use self::limiter::DomainLimiter;

@@ -1,5 +1,6 @@
 //! Eviction of idle host state: one background task per limiter that sleeps
-//! until the earliest host can be forgotten, stopped by a drop guard.
+//! until the earliest host can be forgotten, stopped by a drop guard. The
+//! Redis limiter's lease renewals are started by the same kind of task.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -8,17 +9,20 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Sweeps happen on multiples of this since the limiter was made, so a
-/// stream of releases wakes the sweeper at most once per grain rather than
-/// once per release (a release schedules its host no earlier than
+/// Host sweeps happen on multiples of this since the limiter was made, so
+/// a stream of releases wakes the sweeper at most once per grain rather
+/// than once per release (a release schedules its host no earlier than
 /// itself); an idle host is forgotten at most this much late.
 pub(crate) const GRAIN: Duration = Duration::from_millis(100);
 
-/// What the limiter and its sweeper task share besides the host map.
+/// What a limiter and its sweeper task share besides what is swept (the
+/// host map, or the Redis limiter's booked renewals).
 #[derive(Debug)]
 pub(crate) struct SweepSignal {
     /// The instant times are measured from (microseconds since it).
     epoch: Instant,
+    /// What the times it keeps are rounded up to, in microseconds.
+    grain: u64,
     /// When the sweeper will next look, in microseconds since `epoch`;
     /// `u64::MAX` while it has nothing scheduled or is sweeping.
     next: AtomicU64,
@@ -31,8 +35,15 @@ pub(crate) struct SweepSignal {
 }
 
 impl SweepSignal {
+    /// Sweeps on multiples of [`GRAIN`].
     pub(crate) fn new() -> Self {
+        Self::with_grain(GRAIN)
+    }
+
+    /// Sweeps on multiples of `grain` (at least a microsecond).
+    pub(crate) fn with_grain(grain: Duration) -> Self {
         Self {
+            grain: u64::try_from(grain.as_micros()).unwrap_or(u64::MAX).max(1),
             epoch: Instant::now(),
             next: AtomicU64::new(u64::MAX),
             wake: Notify::new(),
@@ -43,14 +54,15 @@ impl SweepSignal {
 
     /// `at` in microseconds since the epoch, rounded up to the grain.
     fn micros(&self, at: Instant) -> u64 {
-        let grain = GRAIN.as_micros() as u64;
+        let grain = self.grain;
         u64::try_from(at.saturating_duration_since(self.epoch).as_micros())
             .ok()
             .and_then(|us| us.div_ceil(grain).checked_mul(grain))
             .unwrap_or(u64::MAX - 1)
     }
 
-    /// A host becomes evictable at `at`: make sure the sweeper looks by then.
+    /// Something is due at `at` (a host becomes evictable, a renewal is
+    /// due): make sure the sweeper looks by then.
     pub(crate) fn schedule(&self, at: Instant) {
         let at = self.micros(at);
         if at < self.next.fetch_min(at, Ordering::AcqRel) {
@@ -66,7 +78,9 @@ impl SweepSignal {
 
     /// Starts the sweeper task if none is alive (the first use, or after the
     /// runtime that ran the previous one shut down). Must run inside a Tokio
-    /// runtime; acquire and penalize do.
+    /// runtime; acquire, penalize and a renewal's booking do. When that
+    /// runtime shuts down with the target still alive, the target hears of
+    /// it ([`Sweep::orphaned`]).
     pub(crate) fn ensure_running<T: Sweep>(self: &Arc<Self>, target: &Arc<T>) {
         if self.running.load(Ordering::Acquire) {
             return;
@@ -80,7 +94,7 @@ impl SweepSignal {
         }
         let signal = Arc::clone(self);
         runtime.spawn(async move {
-            let _running = RunningGuard(Arc::clone(&signal));
+            let _running = RunningGuard(Arc::clone(&signal), target.clone());
             signal.run(target).await;
         });
     }
@@ -117,16 +131,28 @@ impl SweepSignal {
 }
 
 /// Clears `running` when the task ends, or is dropped with its runtime.
-struct RunningGuard(Arc<SweepSignal>);
+struct RunningGuard<T: Sweep>(Arc<SweepSignal>, Weak<T>);
 
-impl Drop for RunningGuard {
+impl<T: Sweep> Drop for RunningGuard<T> {
     fn drop(&mut self) {
         self.0.running.store(false, Ordering::Release);
+        // Dropped with its runtime, not stopped: what is still due must
+        // not wait for the next use to start a sweeper again.
+        if !self.0.stopped.load(Ordering::Acquire)
+            && let Some(target) = self.1.upgrade()
+        {
+            target.orphaned();
+        }
     }
 }
 
-/// The state a sweeper cleans.
+/// The state a sweeper serves.
 pub(crate) trait Sweep: Send + Sync + 'static {
-    /// Forgets every host idle at `now`; returns when the next one may be.
+    /// Does what is due at `now` (forgets the hosts idle by then, starts
+    /// the renewals due); returns when the next thing is due.
     fn sweep(&self, now: Instant) -> Option<Instant>;
+
+    /// The sweeper's runtime shut down while this was alive. By default
+    /// nothing: the next use starts a sweeper again.
+    fn orphaned(&self) {}
 }

@@ -16,6 +16,7 @@ use super::circuit::Circuit;
 use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
 use super::registry::{FallbackPolicy, Registry, RegistryPlan};
+use super::renew::{Renewal, Renewals};
 use super::script::{ACQUIRE, ADOPT, BACKOFF, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::limiter::{Unsent, heaviest};
@@ -206,6 +207,8 @@ pub(super) struct Shared {
     /// The limiter's own cross-replica cap (rules may set their own).
     pub(super) cluster_concurrency: u32,
     pub(super) lease_ttl: Duration,
+    /// The first renewals of the permits held, not yet due.
+    pub(super) renewals: Arc<Renewals>,
     pub(super) concurrency_retry: Duration,
     /// How far ahead of its slot a waiter may be booked.
     pub(super) book_ahead: Duration,
@@ -649,6 +652,7 @@ impl RedisLimiterBuilder {
                 policies,
                 cluster_concurrency: self.cluster_concurrency,
                 lease_ttl: self.lease_ttl,
+                renewals: Arc::new(Renewals::new(self.lease_ttl / 2)),
                 concurrency_retry,
                 book_ahead: self.book_ahead,
                 slot_margin: self.slot_margin,
@@ -1363,21 +1367,24 @@ impl Shared {
         local: Permit,
         runtime: Handle,
     ) -> Permit {
-        let renewal = runtime
-            .spawn(Arc::clone(self).renew_until_released(
-                Arc::clone(&keys),
-                Arc::clone(&token),
-                args,
-            ))
-            .abort_handle();
+        // Redis took the lease a moment ago (the renewal's retries cover
+        // the round trip).
+        let since = Instant::now();
         let slot = Arc::new(Slot {
             shared: Arc::clone(self),
             keys,
             token,
-            renewal,
+            renewal: std::sync::Mutex::new(Renewal::Stopped),
             runtime,
             args,
         });
+        {
+            // Booked under the slot's lock, as `give_back` and
+            // `start_renewal` look at it: a booking that falls due at once
+            // waits for it to be recorded.
+            let mut renewal = slot.renewal();
+            *renewal = self.renewals.book(Arc::downgrade(&slot), since);
+        }
         let taken_back = Arc::clone(&slot);
         let local = Arc::new(std::sync::Mutex::new(Some(local)));
         let local_back = Arc::clone(&local);
@@ -1690,21 +1697,48 @@ impl Shared {
     }
 }
 
-/// A slot a permit holds in Redis: its renewal runs until it is given back.
-struct Slot {
+/// A slot a permit holds in Redis: its renewal, booked when it was taken
+/// and started once due, runs until it is given back.
+pub(super) struct Slot {
     shared: Arc<Shared>,
     keys: Arc<RedisKeys>,
     token: Arc<str>,
-    renewal: tokio::task::AbortHandle,
+    renewal: std::sync::Mutex<Renewal>,
     runtime: Handle,
     args: Args,
 }
 
 impl Slot {
+    fn renewal(&self) -> std::sync::MutexGuard<'_, Renewal> {
+        self.renewal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts renewing on a task of its own, unless released meanwhile.
+    pub(super) fn start_renewal(&self) {
+        let mut renewal = self.renewal();
+        if let Renewal::Due { since, .. } = *renewal {
+            let task = self
+                .runtime
+                .spawn(Arc::clone(&self.shared).renew_until_released(
+                    Arc::clone(&self.keys),
+                    Arc::clone(&self.token),
+                    self.args,
+                    since,
+                ));
+            *renewal = Renewal::Running(task.abort_handle());
+        }
+    }
+
     /// Stops the renewal, frees the local slot and sends the release (as
     /// `abandoned` when the request was never sent) off the caller's path.
     fn give_back(&self, local: &std::sync::Mutex<Option<Permit>>, abandoned: bool) {
-        self.renewal.abort();
+        match std::mem::replace(&mut *self.renewal(), Renewal::Stopped) {
+            Renewal::Due { key, .. } => self.shared.renewals.cancel(key),
+            Renewal::Running(task) => task.abort(),
+            Renewal::Stopped => {}
+        }
         // Counted before the local slot frees, so an acquire it lets in
         // knows a release is on its way.
         let pending = Pending::new(&self.shared);
