@@ -689,11 +689,17 @@ fn check(
     (result, seen.into_inner())
 }
 
+/// `REDISLIMIT_MODEL_CASES`, 2,000 when unset; a value that is not a
+/// positive number fails the test rather than quietly running the default.
 fn cases() -> u32 {
-    std::env::var("REDISLIMIT_MODEL_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(2_000)
+    match std::env::var("REDISLIMIT_MODEL_CASES") {
+        Err(std::env::VarError::NotPresent) => 2_000,
+        Ok(n) => match n.trim().parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => panic!("REDISLIMIT_MODEL_CASES={n:?} is not a positive number of sequences"),
+        },
+        Err(err) => panic!("REDISLIMIT_MODEL_CASES is unreadable: {err}"),
+    }
 }
 
 #[test]
