@@ -115,6 +115,12 @@ use crate::{
 /// lease may be alive: only a stall longer than the time left on the lease
 /// (at least `lease_ttl / 2`) can lose the slot. A lost lease is reported
 /// through [`Hooks::on_error`] with [`Op::Renew`] and a `tracing` warning.
+/// A permit's first renewal is booked, and started by one task per limiter
+/// on the runtime where the limiter granted its first permit; when that
+/// runtime shuts down, the permits still booked renew on their own
+/// runtimes. A limiter shared by several runtimes should not be first used
+/// on one that is kept but no longer driven (a current-thread runtime
+/// outside `block_on`): its first renewals would wait for it.
 /// Too short, and a pause of half of it (a stalled event loop, Redis
 /// unreachable for a moment) can let a live request's slot go; too long,
 /// and a crashed replica strands its slot (serialized mode: the whole
