@@ -10,6 +10,19 @@ use redislimit_tests::record::{Recorder, assert_serialized};
 
 use crate::{MS, bounded, host, limiter, standalone};
 
+/// A replica of a host with one slot across replicas, leased for `ttl`.
+fn one_slot(server: &RedisServer, ttl: Duration) -> RedisLimiter {
+    limiter(
+        standalone(&server.url()),
+        |p| p,
+        |b| {
+            b.cluster_concurrency(1)
+                .lease_ttl(ttl)
+                .concurrency_retry(10 * MS)
+        },
+    )
+}
+
 /// Acquires a permit on a runtime of its own and then "crashes": the permit
 /// is leaked and the runtime (with the lease renewal task) is shut down, as
 /// when the process dies. Returns the instant just before the acquire.
@@ -35,17 +48,7 @@ fn crash_while_holding(l: RedisLimiter) -> Instant {
 async fn a_crashed_replicas_lease_returns_within_lease_ttl() {
     let server = RedisServer::start();
     let ttl = 400 * MS;
-    let make = || {
-        limiter(
-            standalone(&server.url()),
-            |p| p,
-            |b| {
-                b.cluster_concurrency(1)
-                    .lease_ttl(ttl)
-                    .concurrency_retry(10 * MS)
-            },
-        )
-    };
+    let make = || one_slot(&server, ttl);
     let before = crash_while_holding(make());
     let survivor = make();
     let permit = bounded(
@@ -156,18 +159,10 @@ async fn a_permit_held_past_the_keys_ttl_keeps_its_slot_by_renewing() {
 async fn a_permit_keeps_renewing_after_the_runtime_of_the_first_one_ends() {
     let server = RedisServer::start();
     let ttl = 300 * MS;
-    let make = || {
-        Arc::new(limiter(
-            standalone(&server.url()),
-            |p| p,
-            |b| {
-                b.cluster_concurrency(1)
-                    .lease_ttl(ttl)
-                    .concurrency_retry(10 * MS)
-            },
-        ))
-    };
-    let (a, b) = (make(), make());
+    let (a, b) = (
+        Arc::new(one_slot(&server, ttl)),
+        Arc::new(one_slot(&server, ttl)),
+    );
     // The first permit, on a runtime of its own, which then ends.
     let (started, start) = std::sync::mpsc::channel();
     let (end, ended) = tokio::sync::oneshot::channel::<()>();
