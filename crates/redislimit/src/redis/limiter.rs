@@ -1724,14 +1724,14 @@ impl Slot {
     /// Starts renewing on a task of its own, unless released meanwhile.
     pub(super) fn start_renewal(&self) {
         let mut renewal = self.renewal();
-        if let Renewal::Due { since, .. } = *renewal {
+        if let Renewal::Due { key: (first, _) } = *renewal {
             let task = self
                 .runtime
                 .spawn(Arc::clone(&self.shared).renew_until_released(
                     Arc::clone(&self.keys),
                     Arc::clone(&self.token),
                     self.args,
-                    since,
+                    first,
                 ));
             *renewal = Renewal::Running(task.abort_handle());
         }
@@ -1741,7 +1741,7 @@ impl Slot {
     /// `abandoned` when the request was never sent) off the caller's path.
     fn give_back(&self, local: &std::sync::Mutex<Option<Permit>>, abandoned: bool) {
         match std::mem::replace(&mut *self.renewal(), Renewal::Stopped) {
-            Renewal::Due { key, .. } => self.shared.renewals.cancel(key),
+            Renewal::Due { key } => self.shared.renewals.cancel(key),
             Renewal::Running(task) => task.abort(),
             Renewal::Stopped => {}
         }
@@ -1893,24 +1893,40 @@ pub(super) struct RedisClock {
     bound: std::sync::Mutex<Option<ClockBound>>,
 }
 
-/// The least offset (of admissions; `i64::MAX` when none) and round trip
-/// (of acquire calls), in µs, seen in the current window and in the one
-/// before it (if it was the window just before; after a quiet spell, the
-/// last round trip seen), and when (µs after [`RedisClock::base`]) the
-/// current one began.
+/// The least of one window's calls, in µs: the offset (of admissions;
+/// `None` when none was seen) and the round trip (of acquire calls).
+#[derive(Debug, Clone, Copy)]
+struct Least {
+    offset: Option<i64>,
+    rtt: i64,
+}
+
+impl Least {
+    /// The least of `self` and `other`, field by field.
+    fn and(self, other: Least) -> Least {
+        Least {
+            offset: self.offset.into_iter().chain(other.offset).min(),
+            rtt: self.rtt.min(other.rtt),
+        }
+    }
+}
+
+/// The least seen in the current window and in the one before it (if it
+/// was the window just before; after a quiet spell, only the last round
+/// trip seen), and when (µs after [`RedisClock::base`]) the current one
+/// began.
 #[derive(Debug, Clone, Copy)]
 struct ClockBound {
-    current: (i64, i64),
-    previous: Option<(i64, i64)>,
+    current: Least,
+    previous: Option<Least>,
     since: i64,
 }
 
 impl ClockBound {
-    /// The least offset and round trip of both windows.
-    fn least(&self) -> (i64, i64) {
-        let (offset, rtt) = self.current;
+    /// The least of both windows.
+    fn least(&self) -> Least {
         self.previous
-            .map_or((offset, rtt), |(o, r)| (o.min(offset), r.min(rtt)))
+            .map_or(self.current, |previous| previous.and(self.current))
     }
 }
 
@@ -1935,33 +1951,36 @@ impl RedisClock {
     /// whose script read `redis_us` on the Redis clock if it admitted.
     fn observe(&self, sent: Instant, redis_us: Option<u64>, rtt: Duration) {
         let at = self.local_us(sent);
-        let offset = redis_us.map_or(i64::MAX, |us| {
-            i64::try_from(us).unwrap_or(i64::MAX).saturating_sub(at)
-        });
-        let rtt = i64::try_from(rtt.as_micros()).unwrap_or(i64::MAX);
+        let seen = Least {
+            offset: redis_us.map(|us| i64::try_from(us).unwrap_or(i64::MAX).saturating_sub(at)),
+            rtt: i64::try_from(rtt.as_micros()).unwrap_or(i64::MAX),
+        };
         let mut bound = self
             .bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *bound = Some(match *bound {
             Some(b) if at.saturating_sub(b.since) < CLOCK_WINDOW => ClockBound {
-                current: (b.current.0.min(offset), b.current.1.min(rtt)),
+                current: b.current.and(seen),
                 ..b
             },
             // A new window; the one that ended counts on if it was the
             // last. After a quiet spell its round trip still does: a
             // spell without calls says nothing about the path.
             Some(b) => ClockBound {
-                current: (offset, rtt),
+                current: seen,
                 previous: Some(if at.saturating_sub(b.since) < 2 * CLOCK_WINDOW {
                     b.current
                 } else {
-                    (i64::MAX, b.least().1)
+                    Least {
+                        offset: None,
+                        rtt: b.least().rtt,
+                    }
                 }),
                 since: at,
             },
             None => ClockBound {
-                current: (offset, rtt),
+                current: seen,
                 previous: None,
                 since: at,
             },
@@ -1976,13 +1995,13 @@ impl RedisClock {
             .bound
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(b) = bound else {
+        let Some(Least {
+            offset: Some(offset),
+            rtt,
+        }) = bound.map(|b| b.least())
+        else {
             return Duration::ZERO;
         };
-        let (offset, rtt) = b.least();
-        if offset == i64::MAX {
-            return Duration::ZERO;
-        }
         let late = self
             .local_us(now)
             .saturating_add(offset)

@@ -36,9 +36,9 @@ const RENEWAL_GRAIN: Duration = Duration::from_millis(1);
 /// Where a permit's renewal stands.
 #[derive(Debug)]
 pub(super) enum Renewal {
-    /// Booked in [`Renewals`] under `key` (when it is due, and a number
-    /// telling bookings apart); the lease was taken at `since`.
-    Due { key: (Instant, u64), since: Instant },
+    /// Booked in [`Renewals`] under `key`: when it is due, and a number
+    /// telling bookings apart.
+    Due { key: (Instant, u64) },
     /// Running on its own task.
     Running(tokio::task::AbortHandle),
     /// The permit was released: nothing renews it.
@@ -80,7 +80,7 @@ impl Renewals {
         // looks at least once a period (see `sweep`): it is not woken for
         // it (only one that is sweeping right now is told to look again).
         self.signal.schedule(key.0);
-        Renewal::Due { key, since }
+        Renewal::Due { key }
     }
 
     /// Takes back a booking that is not due yet.
@@ -127,20 +127,21 @@ impl Sweep for Renewals {
 }
 
 impl Shared {
-    /// Renews the lease taken at `since` while the permit is held (this
-    /// task is aborted when it is released).
+    /// Renews the lease whose first renewal is due at `first` (half a
+    /// lease after it was taken) while the permit is held (this task is
+    /// aborted when it is released).
     pub(super) async fn renew_until_released(
         self: Arc<Self>,
         keys: Arc<RedisKeys>,
         token: Arc<str>,
         args: Args,
-        since: Instant,
+        first: Instant,
     ) {
         let period = self.lease_ttl / 2;
         // A renewal's effect starts no earlier than when it was asked for,
         // so `asked + lease_ttl` is a lower bound of the lease deadline.
-        let mut alive_until = after(since, self.lease_ttl);
-        let mut next = after(since, period);
+        let mut alive_until = after(first, self.lease_ttl - period);
+        let mut next = first;
         let mut retry = FIRST_RETRY;
         let mut failing = false;
         let mut past_deadline = false;
