@@ -25,6 +25,19 @@ impl Hooks for Late {
     }
 }
 
+/// Replicas `a` and `b` each agree on the configuration, load the scripts
+/// and see how quick their path to Redis is, and their releases land,
+/// before anything is held.
+async fn warm_up(a: &RedisLimiter, b: &RedisLimiter) {
+    for (l, name) in [(a, "a"), (b, "b")] {
+        for i in 0..3 {
+            let warm = host(&format!("{name}{i}.warm.test"));
+            drop(bounded(10, l.acquire_host("t", warm, None)).await.unwrap());
+        }
+    }
+    tokio::time::sleep(50 * MS).await;
+}
+
 /// A client through `limiter` whose requests say they come from `replica`.
 fn client(limiter: RedisLimiter, replica: usize, upstream: &Upstream) -> ClientWithMiddleware {
     let mut headers = reqwest::header::HeaderMap::new();
@@ -58,16 +71,7 @@ async fn late_admission(a_lateness: Duration, a_hooks: Arc<dyn Hooks>) -> Vec<Re
     // B is the one on time: never handed back, should its own answer come
     // late on a loaded machine (it would then go behind A).
     let b = replica(&server.url(), Duration::MAX, Arc::new(NoHooks));
-    // Each has agreed on the configuration, loaded the scripts and seen
-    // how quick its path to Redis is before anything is held.
-    for (l, name) in [(&a, "a"), (&b, "b")] {
-        for i in 0..3 {
-            let warm = host(&format!("{name}{i}.warm.test"));
-            drop(bounded(10, l.acquire_host("t", warm, None)).await.unwrap());
-        }
-    }
-    // Their releases land before anything is held.
-    tokio::time::sleep(50 * MS).await;
+    warm_up(&a, &b).await;
     let url = upstream.url("a.test", "/");
     let (ca, cb) = (client(a, 0, &upstream), client(b, 1, &upstream));
     let get = |c: ClientWithMiddleware, url: String| {
@@ -154,13 +158,7 @@ async fn a_hand_back_lost_with_its_connection_is_sent_again() {
         replica(&proxy.url(), RedisLimiter::DEFAULT_MAX_LATENESS),
         replica(&server.url(), Duration::MAX),
     );
-    for (l, name) in [(&a, "a"), (&b, "b")] {
-        for i in 0..3 {
-            let warm = host(&format!("{name}{i}.warm.test"));
-            drop(bounded(10, l.acquire_host("t", warm, None)).await.unwrap());
-        }
-    }
-    tokio::time::sleep(50 * MS).await;
+    warm_up(&a, &b).await;
     let url = upstream.url("a.test", "/");
     let (ca, cb) = (client(a, 0, &upstream), client(b, 1, &upstream));
     // A is admitted and its answer held; then the answer goes through and
