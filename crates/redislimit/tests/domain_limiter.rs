@@ -452,7 +452,7 @@ async fn a_million_hosts_touched_once_leave_nothing_behind() {
         drop(bounded(l.acquire_host("t", h, None)).await.unwrap());
     }
     assert_eq!(l.host_count(), 1_000_000);
-    // Idle after min_delay; swept on the next 100 ms grain.
+    // Idle after min_delay; swept on the next 25 ms grain.
     sleep(100 * MS).await;
     settle().await;
     assert_eq!(l.host_count(), 0);

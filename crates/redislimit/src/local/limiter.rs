@@ -1,8 +1,7 @@
 //! `DomainLimiter`: first come, first served (by priority), event-driven
 //! per-host pacing in one process.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::hash::BuildHasher;
 
@@ -44,7 +43,7 @@ use crate::{
 /// task per host. Dropping an acquire future frees its place in line at
 /// once, and the next waiter is served as if it had never been there. A
 /// host's state is forgotten as soon as it constrains nothing any more (no
-/// request in flight, its delays and window elapsed), within 100 ms, by
+/// request in flight, its delays and window elapsed), within 25 ms, by
 /// one background task per limiter that sleeps until the next host becomes
 /// idle, so a crawl over millions of hosts holds state only for the
 /// recently active ones.
@@ -93,8 +92,13 @@ struct Inner {
 #[derive(Default)]
 struct Shard {
     hosts: HashMap<HostKey, Entry, RandomState>,
-    /// When each idle host may be forgotten; at most one item per host.
-    expiries: BinaryHeap<Reverse<(Instant, HostKey)>>,
+    /// The most hosts held since the last sweep: a map that was this full
+    /// moments ago keeps its room, rather than shrink and grow back each
+    /// sweep through a crawl of many hosts.
+    high_water: usize,
+    /// The idle hosts each sweep may forget, by the sweep (its time in
+    /// [`SweepSignal::micros`]); at most one item per host.
+    expiries: Expiries,
     /// Acquires waiting, and requests in flight, over the shard's hosts.
     queued: usize,
     in_flight: usize,
@@ -102,6 +106,11 @@ struct Shard {
     /// what a snapshot lists, without a pass over every host.
     busy: HashSet<HostKey, RandomState>,
 }
+
+/// Idle hosts by the sweep that may forget them: one bucket per sweep
+/// instant (on the sweeper's grain), cheaper to fill and empty than a heap
+/// of single instants.
+type Expiries = BTreeMap<u64, Vec<HostKey>>;
 
 struct Entry {
     state: HostState,
@@ -112,8 +121,8 @@ struct Entry {
     /// Waiters by priority, in arrival order among equals; only the head
     /// ever decides.
     queue: VecDeque<Waiter>,
-    /// The expiry queued for this host, if any.
-    sweep_at: Option<Instant>,
+    /// Whether an expiry is queued for this host.
+    sweep_queued: bool,
 }
 
 struct Waiter {
@@ -732,24 +741,32 @@ impl Drop for Inner {
 
 impl Sweep for Inner {
     fn sweep(&self, now: Instant) -> Option<Instant> {
+        let due = self.sweep.micros_at(now);
         let mut earliest: Option<Instant> = None;
+        let mut sooner = |at: Instant| earliest = Some(earliest.map_or(at, |e| e.min(at)));
         for shard in &self.shards {
             loop {
                 let mut guard = lock(shard);
                 let Shard {
-                    hosts, expiries, ..
+                    hosts,
+                    expiries,
+                    high_water,
+                    ..
                 } = &mut *guard;
                 let mut budget = SWEEP_BATCH;
                 while budget > 0
-                    && let Some(Reverse((at, _))) = expiries.peek()
-                    && *at <= now
-                    && let Some(Reverse((_, host))) = expiries.pop()
+                    && let Some(mut bucket) = expiries.first_entry()
+                    && *bucket.key() <= due
                 {
+                    let Some(host) = bucket.get_mut().pop() else {
+                        bucket.remove();
+                        continue;
+                    };
                     budget -= 1;
                     let Some(entry) = hosts.get_mut(&host) else {
                         continue;
                     };
-                    entry.sweep_at = None;
+                    entry.sweep_queued = false;
                     if !entry.queue.is_empty() {
                         continue; // rescheduled when its line empties
                     }
@@ -758,8 +775,11 @@ impl Sweep for Inner {
                             hosts.remove(&host);
                         }
                         Some(at) => {
-                            entry.sweep_at = Some(at);
-                            expiries.push(Reverse((at, host)));
+                            entry.sweep_queued = true;
+                            // Later than this sweep, even within its
+                            // microsecond: never swept twice in one pass.
+                            let tick = self.sweep.micros(at).max(due + 1);
+                            expiries.entry(tick).or_default().push(host);
                         }
                         None => {} // rescheduled on its last release
                     }
@@ -767,19 +787,25 @@ impl Sweep for Inner {
                 if budget == 0 {
                     continue; // let acquires on this shard in, then go on
                 }
+                if expiries.is_empty() {
+                    // An emptied B-tree keeps its root node; this does not.
+                    *expiries = Expiries::new();
+                }
                 // A shard that emptied gives its memory back whatever its
-                // size; a large one that shrank, most of it.
+                // size; a large one that shrank, most of it, once it has
+                // not been that full for a whole sweep (so it looks again
+                // then).
+                let peak = std::mem::replace(high_water, hosts.len());
                 if (hosts.capacity() > 64 || hosts.is_empty()) && hosts.len() * 4 < hosts.capacity()
                 {
-                    hosts.shrink_to(hosts.len() * 2);
+                    if hosts.is_empty() || peak * 4 < hosts.capacity() {
+                        hosts.shrink_to(hosts.len() * 2);
+                    } else {
+                        sooner(now + super::sweep::GRAIN);
+                    }
                 }
-                if (expiries.capacity() > 64 || expiries.is_empty())
-                    && expiries.len() * 4 < expiries.capacity()
-                {
-                    expiries.shrink_to(expiries.len() * 2);
-                }
-                if let Some(Reverse((at, _))) = expiries.peek() {
-                    earliest = Some(earliest.map_or(*at, |e| e.min(*at)));
+                if let Some((&tick, _)) = expiries.first_key_value() {
+                    sooner(self.sweep.instant(tick));
                 }
                 break;
             }
@@ -817,13 +843,14 @@ impl Shard {
         // Two lookups when the host is known (the usual case) cost less
         // than cloning its key for `HashMap::entry` every time.
         if !self.hosts.contains_key(host) {
+            self.high_water = self.high_water.max(self.hosts.len() + 1);
             self.hosts.insert(
                 host.clone(),
                 Entry {
                     state: HostState::new(now),
                     policy,
                     queue: VecDeque::new(),
-                    sweep_at: None,
+                    sweep_queued: false,
                 },
             );
         }
@@ -850,19 +877,22 @@ impl Shard {
 /// sweeper, which looks on a grain, is then not woken early for it.
 fn settle_entry(
     entry: &mut Entry,
-    expiries: &mut BinaryHeap<Reverse<(Instant, HostKey)>>,
+    expiries: &mut Expiries,
     host: &HostKey,
     policies: &Policies,
     sweep: &SweepSignal,
     now: Option<Instant>,
 ) {
-    if !entry.queue.is_empty() || entry.sweep_at.is_some() {
+    if !entry.queue.is_empty() || entry.sweep_queued {
         return;
     }
     if let Some(at) = entry.state.idle_at(policies.at(entry.policy)) {
         let at = at.max(now.unwrap_or_else(Instant::now));
-        entry.sweep_at = Some(at);
-        expiries.push(Reverse((at, host.clone())));
+        entry.sweep_queued = true;
+        expiries
+            .entry(sweep.micros(at))
+            .or_default()
+            .push(host.clone());
         sweep.schedule(at);
     }
 }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 /// a stream of releases wakes the sweeper at most once per grain rather
 /// than once per release (a release schedules its host no earlier than
 /// itself); an idle host is forgotten at most this much late.
-pub(crate) const GRAIN: Duration = Duration::from_millis(100);
+pub(crate) const GRAIN: Duration = Duration::from_millis(25);
 
 /// What a limiter and its sweeper task share besides what is swept (the
 /// host map, or the Redis limiter's booked renewals).
@@ -28,6 +28,10 @@ pub(crate) struct SweepSignal {
     next: AtomicU64,
     /// Wakes the sweeper for an earlier expiry, or to stop.
     wake: Notify,
+    /// True while the sweeper sweeps: what is scheduled meanwhile it reads
+    /// from `next` when done, so it is not woken for it (a stream of
+    /// releases would otherwise wake it again after every sweep).
+    sweeping: AtomicBool,
     /// Set by the limiter's drop guard.
     stopped: AtomicBool,
     /// True while a sweeper task is alive on some runtime.
@@ -47,13 +51,15 @@ impl SweepSignal {
             epoch: Instant::now(),
             next: AtomicU64::new(u64::MAX),
             wake: Notify::new(),
+            sweeping: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             running: AtomicBool::new(false),
         }
     }
 
-    /// `at` in microseconds since the epoch, rounded up to the grain.
-    fn micros(&self, at: Instant) -> u64 {
+    /// `at` in microseconds since the epoch, rounded up to the grain: the
+    /// sweep that will look at what is due at `at`.
+    pub(crate) fn micros(&self, at: Instant) -> u64 {
         let grain = self.grain;
         u64::try_from(at.saturating_duration_since(self.epoch).as_micros())
             .ok()
@@ -61,11 +67,25 @@ impl SweepSignal {
             .unwrap_or(u64::MAX - 1)
     }
 
+    /// `now` in microseconds since the epoch, rounded down: what a sweep at
+    /// `now` may do is what [`micros`](Self::micros) put at or before it.
+    pub(crate) fn micros_at(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The instant `micros` microseconds after the epoch.
+    pub(crate) fn instant(&self, micros: u64) -> Instant {
+        self.epoch + Duration::from_micros(micros)
+    }
+
     /// Something is due at `at` (a host becomes evictable, a renewal is
     /// due): make sure the sweeper looks by then.
     pub(crate) fn schedule(&self, at: Instant) {
         let at = self.micros(at);
-        if at < self.next.fetch_min(at, Ordering::AcqRel) {
+        // Sequentially consistent with the sweeper's end of a sweep: either
+        // it reads this `at` from `next`, or this reads that it has
+        // stopped sweeping and wakes it.
+        if at < self.next.fetch_min(at, Ordering::SeqCst) && !self.sweeping.load(Ordering::SeqCst) {
             self.wake.notify_one();
         }
     }
@@ -104,23 +124,26 @@ impl SweepSignal {
             if self.stopped.load(Ordering::Acquire) {
                 return;
             }
-            // Anything scheduled while we sweep lowers `next` below MAX
-            // and leaves a wake-up behind, so nothing is missed.
-            self.next.store(u64::MAX, Ordering::Release);
+            // Anything scheduled while we sweep lowers `next` below MAX,
+            // read below, so nothing is missed; and it wakes nobody.
+            self.sweeping.store(true, Ordering::SeqCst);
+            self.next.store(u64::MAX, Ordering::SeqCst);
             let Some(limiter) = target.upgrade() else {
+                self.sweeping.store(false, Ordering::SeqCst);
                 return;
             };
             let now = Instant::now();
             let earliest = limiter.sweep(now);
             drop(limiter);
             if let Some(at) = earliest {
-                self.next.fetch_min(self.micros(at), Ordering::AcqRel);
+                self.next.fetch_min(self.micros(at), Ordering::SeqCst);
             }
-            let next = self.next.load(Ordering::Acquire);
+            self.sweeping.store(false, Ordering::SeqCst);
+            let next = self.next.load(Ordering::SeqCst);
             if next == u64::MAX {
                 self.wake.notified().await;
             } else {
-                let at = self.epoch + Duration::from_micros(next);
+                let at = self.instant(next);
                 tokio::select! {
                     () = tokio::time::sleep_until(at) => {}
                     () = self.wake.notified() => {}
@@ -155,4 +178,64 @@ pub(crate) trait Sweep: Send + Sync + 'static {
     /// The sweeper's runtime shut down while this was alive. By default
     /// nothing: the next use starts a sweeper again.
     fn orphaned(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Counts its sweeps; each one also schedules something a grain on, as
+    /// a release on another thread would while a sweep runs.
+    struct Busy {
+        signal: Arc<SweepSignal>,
+        sweeps: AtomicUsize,
+    }
+
+    impl Sweep for Busy {
+        fn sweep(&self, now: Instant) -> Option<Instant> {
+            // Far more than a test's grains: a sweeper woken after every
+            // sweep stops here, and the test fails instead of hanging.
+            if self.sweeps.fetch_add(1, Ordering::SeqCst) > 1000 {
+                return None;
+            }
+            let next = now + GRAIN;
+            self.signal.schedule(next);
+            Some(next)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_scheduled_during_a_sweep_waits_for_the_next_grain() {
+        let signal = Arc::new(SweepSignal::new());
+        let target = Arc::new(Busy {
+            signal: Arc::clone(&signal),
+            sweeps: AtomicUsize::new(0),
+        });
+        signal.ensure_running(&target);
+        tokio::time::sleep(GRAIN * 10).await;
+        // One sweep when it starts, then one per grain: not one after
+        // every sweep (which, in paused time, would never end).
+        let sweeps = target.sweeps.load(Ordering::SeqCst);
+        assert!((10..=12).contains(&sweeps), "{sweeps} sweeps in 10 grains");
+        signal.stop();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_scheduled_sooner_than_the_next_sweep_wakes_the_sweeper() {
+        let signal = Arc::new(SweepSignal::new());
+        let target = Arc::new(Busy {
+            signal: Arc::clone(&signal),
+            sweeps: AtomicUsize::new(0),
+        });
+        signal.ensure_running(&target);
+        tokio::task::yield_now().await;
+        assert_eq!(target.sweeps.load(Ordering::SeqCst), 1);
+        // Something due now, sooner than the grain the sweeper sleeps for.
+        signal.schedule(Instant::now());
+        tokio::task::yield_now().await;
+        assert_eq!(target.sweeps.load(Ordering::SeqCst), 2);
+        signal.stop();
+    }
 }
