@@ -4,11 +4,14 @@
 //! acquire/release); and the 10,000 hosts again with 1,000 per-host rules
 //! (half exact hosts, half suffixes) against the same without rules; and
 //! a `snapshot()` of 100,000 hosts with a request in flight each, 1,000
-//! of them with an acquire waiting. Run
-//! by `cargo xtask bench`, which reads the results from `target/criterion`.
+//! of them with an acquire waiting; and a million distinct hosts, each new
+//! to the limiter when touched, against governor's keyed check of hosts new
+//! to it. Run by `cargo xtask bench`, which reads the results from
+//! `target/criterion`.
 
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
@@ -16,6 +19,9 @@ use redislimit::{DomainLimiter, HostKey, Limiter, Pacing, Policies, Rule};
 use tokio::sync::Semaphore;
 
 const HOSTS: usize = 10_000;
+
+/// The hosts of [`million`]; `cargo xtask bench` divides its times by this.
+const MILLION: usize = 1_000_000;
 
 fn hosts() -> Vec<HostKey> {
     (0..HOSTS)
@@ -126,7 +132,71 @@ fn overhead(c: &mut Criterion) {
             }
         })
     });
+    million(&mut group);
     group.finish();
+}
+
+/// A crawl's spread: a million hosts, each touched once (acquire and
+/// release, a 10 ms gap), on a fresh limiter per iteration and on a
+/// multi-thread runtime as a crawl runs (the limiter's sweeper forgets idle
+/// hosts on another thread meanwhile). The baseline is governor's keyed
+/// check of the same million keys, on a fresh keyed limiter per iteration.
+/// One iteration is the whole million; no allocator is instrumented here
+/// (`bench`'s `scale` figures measure the memory).
+fn million(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let keys: Vec<HostKey> = (0..MILLION)
+        .map(|i| HostKey::parse(&format!("http://h{i}.example/")).unwrap())
+        .collect();
+    let names: Vec<Arc<str>> = keys.iter().map(|k| Arc::from(k.as_str())).collect();
+    let delay = Duration::from_millis(10);
+    let pacing = Pacing::builder().min_delay(delay).build().unwrap();
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(12))
+        .warm_up_time(Duration::from_secs(1));
+    group.bench_function("ours_1m_hosts", |b| {
+        b.to_async(&rt).iter_custom(|iters| {
+            let (keys, pacing) = (&keys, &pacing);
+            async move {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let limiter = DomainLimiter::new(pacing.clone());
+                    let start = Instant::now();
+                    for key in keys {
+                        let permit = limiter
+                            .acquire_host("bench", key.clone(), None)
+                            .await
+                            .unwrap();
+                        drop(permit);
+                    }
+                    took += start.elapsed();
+                }
+                took
+            }
+        })
+    });
+    let quota = Quota::with_period(delay)
+        .unwrap()
+        .allow_burst(NonZeroU32::MIN);
+    group.bench_function("baseline_1m_hosts", |b| {
+        b.iter_custom(|iters| {
+            let mut took = Duration::ZERO;
+            for _ in 0..iters {
+                let governor = RateLimiter::keyed(quota);
+                let start = Instant::now();
+                for name in &names {
+                    let _ = std::hint::black_box(governor.check_key(name));
+                }
+                took += start.elapsed();
+            }
+            took
+        })
+    });
 }
 
 criterion_group!(benches, overhead);
