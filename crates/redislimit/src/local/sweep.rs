@@ -24,7 +24,8 @@ pub(crate) struct SweepSignal {
     /// What the times it keeps are rounded up to, in microseconds.
     grain: u64,
     /// When the sweeper will next look, in microseconds since `epoch`;
-    /// `u64::MAX` while it has nothing scheduled or is sweeping.
+    /// `u64::MAX` while it has nothing scheduled. A sweep starts it at
+    /// `u64::MAX`; what is scheduled during the sweep lowers it.
     next: AtomicU64,
     /// Wakes the sweeper for an earlier expiry, or to stop.
     wake: Notify,
@@ -60,11 +61,16 @@ impl SweepSignal {
     /// `at` in microseconds since the epoch, rounded up to the grain: the
     /// sweep that will look at what is due at `at`.
     pub(crate) fn micros(&self, at: Instant) -> u64 {
-        let grain = self.grain;
-        u64::try_from(at.saturating_duration_since(self.epoch).as_micros())
-            .ok()
-            .and_then(|us| us.div_ceil(grain).checked_mul(grain))
+        // From nanoseconds, so that the tick is never before `at` itself
+        // (a sweep at the tick then finds the host idle).
+        let grain = u128::from(self.grain) * 1000;
+        let ticks = at
+            .saturating_duration_since(self.epoch)
+            .as_nanos()
+            .div_ceil(grain);
+        u64::try_from(ticks * u128::from(self.grain))
             .unwrap_or(u64::MAX - 1)
+            .min(u64::MAX - 1)
     }
 
     /// `now` in microseconds since the epoch, rounded down: what a sweep at

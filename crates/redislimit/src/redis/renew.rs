@@ -78,7 +78,7 @@ impl Renewals {
         self.signal.ensure_running(self);
         // Every booking is due a period after it is made, and the task
         // looks at least once a period (see `sweep`): it is not woken for
-        // it (only one that is sweeping right now is told to look again).
+        // it (one that is sweeping right now reads it when it is done).
         self.signal.schedule(key.0);
         Renewal::Due { key }
     }
