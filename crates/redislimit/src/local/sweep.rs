@@ -212,14 +212,20 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn what_is_scheduled_during_a_sweep_waits_for_the_next_grain() {
+    /// A signal with its sweeper started on a [`Busy`] target.
+    fn started() -> (Arc<SweepSignal>, Arc<Busy>) {
         let signal = Arc::new(SweepSignal::new());
         let target = Arc::new(Busy {
             signal: Arc::clone(&signal),
             sweeps: AtomicUsize::new(0),
         });
         signal.ensure_running(&target);
+        (signal, target)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_scheduled_during_a_sweep_waits_for_the_next_grain() {
+        let (signal, target) = started();
         tokio::time::sleep(GRAIN * 10).await;
         // One sweep when it starts, then one per grain: not one after
         // every sweep (which, in paused time, would never end).
@@ -230,12 +236,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn what_is_scheduled_sooner_than_the_next_sweep_wakes_the_sweeper() {
-        let signal = Arc::new(SweepSignal::new());
-        let target = Arc::new(Busy {
-            signal: Arc::clone(&signal),
-            sweeps: AtomicUsize::new(0),
-        });
-        signal.ensure_running(&target);
+        let (signal, target) = started();
         tokio::task::yield_now().await;
         assert_eq!(target.sweeps.load(Ordering::SeqCst), 1);
         // Something due now, sooner than the grain the sweeper sleeps for.
