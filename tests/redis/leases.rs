@@ -8,7 +8,7 @@ use redislimit::{Limiter, RedisLimiter};
 use redislimit_tests::RedisServer;
 use redislimit_tests::record::{Recorder, assert_serialized};
 
-use crate::{MS, bounded, host, limiter, standalone};
+use crate::{MS, bounded, host, limiter, on_own_runtime, standalone};
 
 /// A replica of a host with one slot across replicas, leased for `ttl`.
 fn one_slot(server: &RedisServer, ttl: Duration) -> RedisLimiter {
@@ -123,16 +123,7 @@ async fn a_permit_held_past_the_keys_ttl_keeps_its_slot_by_renewing() {
         let rec = Arc::new(Recorder::new());
         let long = a.acquire_host("t", host("a.test"), None).await.unwrap();
         let send = Instant::now();
-        let other = {
-            let (b, rec) = (Arc::clone(&b), Arc::clone(&rec));
-            tokio::spawn(async move {
-                let p = b.acquire_host("t", host("a.test"), None).await.unwrap();
-                let send = Instant::now();
-                tokio::time::sleep(10 * MS).await;
-                rec.record("a.test", 1, send, Instant::now());
-                drop(p);
-            })
-        };
+        let other = the_other_replica(&b, &rec, 10 * MS);
         // Longer than the keys' own TTL (lease_ttl + 1 s): only renewals
         // keep the slot.
         tokio::time::sleep(8 * ttl).await;
@@ -152,6 +143,24 @@ async fn a_permit_held_past_the_keys_ttl_keeps_its_slot_by_renewing() {
     }
 }
 
+/// The other replica's one request to `a.test`, held for `hold` and
+/// recorded as the upstream sees it (sent after admission, ended before
+/// release).
+fn the_other_replica(
+    b: &Arc<RedisLimiter>,
+    rec: &Arc<Recorder>,
+    hold: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (b, rec) = (Arc::clone(b), Arc::clone(rec));
+    tokio::spawn(async move {
+        let p = b.acquire_host("t", host("a.test"), None).await.unwrap();
+        let send = Instant::now();
+        tokio::time::sleep(hold).await;
+        rec.record("a.test", 1, send, Instant::now());
+        drop(p);
+    })
+}
+
 /// A limiter's first renewals are started by one task, on the runtime of
 /// its first permit. When that runtime ends, a permit held on another
 /// runtime still renews: another replica never gets the one slot it holds.
@@ -168,16 +177,10 @@ async fn a_permit_keeps_renewing_after_the_runtime_of_the_first_one_ends() {
     let (end, ended) = tokio::sync::oneshot::channel::<()>();
     let first = {
         let a = Arc::clone(&a);
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                drop(a.acquire_host("t", host("first.test"), None).await.unwrap());
-                started.send(()).unwrap();
-                let _ = ended.await;
-            });
+        on_own_runtime(move || async move {
+            drop(a.acquire_host("t", host("first.test"), None).await.unwrap());
+            started.send(()).unwrap();
+            let _ = ended.await;
         })
     };
     start.recv().unwrap();
@@ -186,15 +189,7 @@ async fn a_permit_keeps_renewing_after_the_runtime_of_the_first_one_ends() {
     first.join().unwrap();
     let rec = Arc::new(Recorder::new());
     let send = Instant::now();
-    let other = {
-        let (b, rec) = (Arc::clone(&b), Arc::clone(&rec));
-        tokio::spawn(async move {
-            let p = b.acquire_host("t", host("a.test"), None).await.unwrap();
-            let send = Instant::now();
-            rec.record("a.test", 1, send, Instant::now());
-            drop(p);
-        })
-    };
+    let other = the_other_replica(&b, &rec, Duration::ZERO);
     // Longer than the keys' own TTL (lease_ttl + 1 s): only renewals keep
     // the slot.
     tokio::time::sleep(8 * ttl).await;

@@ -53,6 +53,20 @@ pub(crate) fn limiter(
         .unwrap()
 }
 
+/// Runs `program` on a current-thread runtime of its own, in a thread of
+/// its own, as a short program would; the runtime ends with the thread.
+pub(crate) fn on_own_runtime<F: Future<Output = ()>>(
+    program: impl FnOnce() -> F + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(program());
+    })
+}
+
 /// Fails the test instead of hanging when `fut` does not finish in `secs`.
 pub(crate) async fn bounded<T>(secs: u64, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), fut)

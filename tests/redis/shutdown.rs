@@ -8,7 +8,7 @@ use redislimit::{Error, Limiter, Op, RedisLimiter};
 use redislimit_tests::RedisServer;
 use tokio::time::Instant;
 
-use crate::{MS, bounded, host, limiter, standalone};
+use crate::{MS, bounded, host, limiter, on_own_runtime, standalone};
 
 /// A limiter whose leftover booking would be seen: a 10 s lease, so a
 /// release that never landed holds the host far longer than the check
@@ -30,21 +30,14 @@ fn make(server: &RedisServer, cap: u32, scope: &str) -> RedisLimiter {
 /// One short program on a runtime of its own: acquire, drop the permit,
 /// close (when `close`), end the runtime.
 fn short_program(l: RedisLimiter, close: bool) {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let permit = l.acquire_host("t", host("a.test"), None).await.unwrap();
-            drop(permit);
-            if close {
-                l.close(Some(Instant::now() + Duration::from_secs(5)))
-                    .await
-                    .expect("the release did not land");
-            }
-        });
-        drop(rt);
+    on_own_runtime(move || async move {
+        let permit = l.acquire_host("t", host("a.test"), None).await.unwrap();
+        drop(permit);
+        if close {
+            l.close(Some(Instant::now() + Duration::from_secs(5)))
+                .await
+                .expect("the release did not land");
+        }
     })
     .join()
     .unwrap();
