@@ -52,6 +52,14 @@ fn name_hash(name: &str) -> u64 {
         .hash_one(name)
 }
 
+/// A clone (one reference count): for maps that insert a key given by
+/// reference.
+impl From<&HostKey> for HostKey {
+    fn from(key: &HostKey) -> Self {
+        key.clone()
+    }
+}
+
 impl PartialEq for HostKey {
     fn eq(&self, other: &Self) -> bool {
         self.name == other.name

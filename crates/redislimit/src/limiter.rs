@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use url::Url;
 
+use crate::local::LocalAdmission;
 use crate::{Error, HostKey, Snapshot};
 
 /// A boxed, `Send` future, as the object-safe [`Limiter`] methods return.
@@ -375,20 +376,6 @@ forward_limiter!(Arc<L>, Box<L>, &L);
 
 type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
 
-/// What the permit of an in-crate limiter does, in one allocation. Each
-/// method is given the permit's host (the key the admission was made
-/// under), so that the admission need not keep a copy.
-pub(crate) trait Admitted: Send + Sync {
-    /// The request is complete.
-    fn release(self: Box<Self>, host: &HostKey);
-    /// The request was never sent: take the admission back.
-    fn abandon(self: Box<Self>, host: &HostKey);
-    /// The request leaves at `at`; see [`Permit::try_send`].
-    fn try_send(&mut self, host: &HostKey, at: Instant) -> Result<(), Instant>;
-    /// The request weighs `weight`; see [`Permit::reweigh`].
-    fn reweigh(&mut self, host: &HostKey, weight: u32);
-}
-
 /// How a permit is released.
 enum Release {
     /// Closures an implementor of [`Limiter`] gave.
@@ -396,9 +383,10 @@ enum Release {
         release: ReleaseFn,
         abandon: Option<ReleaseFn>,
     },
-    /// An in-crate admission; `sent` once its send was recorded.
-    Admitted {
-        admitted: Box<dyn Admitted>,
+    /// An in-process admission, held in the permit itself (no allocation);
+    /// `sent` once its send was recorded.
+    Local {
+        admitted: LocalAdmission,
         sent: bool,
     },
 }
@@ -435,12 +423,12 @@ impl Permit {
         }
     }
 
-    /// A permit for an in-crate admission.
-    pub(crate) fn admitted(host: HostKey, waited: Duration, admitted: Box<dyn Admitted>) -> Self {
+    /// A permit for an in-process admission.
+    pub(crate) fn admitted(host: HostKey, waited: Duration, admitted: LocalAdmission) -> Self {
         Self {
             host,
             waited,
-            release: Some(Release::Admitted {
+            release: Some(Release::Local {
                 admitted,
                 sent: false,
             }),
@@ -469,7 +457,7 @@ impl Permit {
     /// [`abandon`](Self::abandon) takes the record back too, unless the
     /// host recorded something else since.
     pub(crate) fn try_send(&mut self, at: Instant) -> Result<(), Instant> {
-        if let Some(Release::Admitted { admitted, sent }) = &mut self.release
+        if let Some(Release::Local { admitted, sent }) = &mut self.release
             && !*sent
         {
             admitted.try_send(&self.host, at)?;
@@ -484,7 +472,7 @@ impl Permit {
     /// held back while a shared limiter decides, records its whole weight
     /// once the shared limiter has admitted it.
     pub(crate) fn reweigh(&mut self, weight: u32) {
-        if let Some(Release::Admitted { admitted, .. }) = &mut self.release {
+        if let Some(Release::Local { admitted, .. }) = &mut self.release {
             admitted.reweigh(&self.host, weight);
         }
     }
@@ -514,7 +502,7 @@ impl Permit {
                 ..
             }) => abandon(),
             Some(Release::Closures { release, .. }) => release(),
-            Some(Release::Admitted { admitted, .. }) => admitted.abandon(&self.host),
+            Some(Release::Local { admitted, .. }) => admitted.abandon(&self.host),
             None => {}
         }
     }
@@ -524,7 +512,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         match self.release.take() {
             Some(Release::Closures { release, .. }) => release(),
-            Some(Release::Admitted { admitted, .. }) => admitted.release(&self.host),
+            Some(Release::Local { admitted, .. }) => admitted.release(&self.host),
             None => {}
         }
     }

@@ -6,3 +6,4 @@ mod limiter;
 pub(crate) mod sweep;
 
 pub use self::limiter::DomainLimiter;
+pub(crate) use self::limiter::LocalAdmission;

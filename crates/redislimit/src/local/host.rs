@@ -23,7 +23,10 @@ pub(crate) enum Decision {
     Full,
 }
 
-/// What one host's pacing remembers.
+/// What one host's pacing remembers: inline what every admission reads
+/// and writes, out of line ([`Rare`]) what only quotas, recorded sends and
+/// penalties need, so that a host paced by a gap or a cap alone (most of
+/// a crawl's) takes a few dozen bytes in its map and no allocation.
 #[derive(Debug, Clone)]
 pub(crate) struct HostState {
     /// Requests admitted and not yet released, by weight.
@@ -31,23 +34,34 @@ pub(crate) struct HostState {
     /// No send before this: the latest of previous send + `min_delay`,
     /// latest completion + `min_delay` and any penalty. Only moves forward.
     ready_at: Instant,
+    /// Counts changes, so an undo knows whether its admission was the last.
+    epoch: u64,
+    /// Allocated on the first quota record, recorded send or penalty.
+    rare: Option<Box<Rare>>,
+}
+
+/// The part of a [`HostState`] few hosts need.
+#[derive(Debug, Clone, Default)]
+struct Rare {
     /// Admission instants, oldest first, one per unit of weight: those
     /// still inside the quota window, and perhaps older ones (dropped at
     /// the next admission; only the `quota` newest ever decide).
     admissions: VecDeque<Instant>,
-    /// Counts changes, so an undo knows whether its admission was the last.
-    epoch: u64,
-    /// No request recorded as sent ([`try_send`](Self::try_send)) may leave
-    /// before this: the latest recorded send + `min_delay`.
-    sent_gap_until: Instant,
-    /// The latest send recorded by [`try_send`](Self::try_send).
+    /// No request recorded as sent ([`HostState::try_send`]) may leave
+    /// before this: the latest recorded send + `min_delay` (none before
+    /// the first).
+    sent_gap_until: Option<Instant>,
+    /// The latest send recorded by [`HostState::try_send`].
     last_sent: Option<Instant>,
     /// The end of the longest penalty so far (for introspection).
-    held_until: Instant,
+    held_until: Option<Instant>,
 }
 
+/// The quota records of a host that has none.
+static NO_ADMISSIONS: VecDeque<Instant> = VecDeque::new();
+
 /// What an admission changed, so that it can be taken back.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Admission {
     at: Instant,
     /// Its weight: slots in flight and quota records.
@@ -55,8 +69,9 @@ pub(crate) struct Admission {
     ready_before: Instant,
     epoch: u64,
     /// When its send was recorded (and the epoch that made), with what
-    /// the record replaced.
-    sent: Option<(Instant, u64, Unsent)>,
+    /// the record replaced: out of line, as only an admission that awaited
+    /// a shared limiter records its send, and every permit holds this.
+    sent: Option<Box<(Instant, u64, Unsent)>>,
 }
 
 impl Admission {
@@ -70,7 +85,7 @@ impl Admission {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Unsent {
     last_sent: Option<Instant>,
-    sent_gap_until: Instant,
+    sent_gap_until: Option<Instant>,
     ready_at: Instant,
 }
 
@@ -79,22 +94,29 @@ impl HostState {
         Self {
             in_flight: 0,
             ready_at: now,
-            admissions: VecDeque::new(),
             epoch: 0,
-            sent_gap_until: now,
-            last_sent: None,
-            held_until: now,
+            rare: None,
         }
     }
 
-    /// When the longest penalty so far ends.
-    pub(crate) fn held_until(&self) -> Instant {
-        self.held_until
+    /// The quota records (see [`Rare::admissions`]).
+    fn admissions(&self) -> &VecDeque<Instant> {
+        self.rare.as_ref().map_or(&NO_ADMISSIONS, |r| &r.admissions)
+    }
+
+    /// The out-of-line part, allocated on first use.
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// When the longest penalty so far ends; `None` if never penalized.
+    pub(crate) fn held_until(&self) -> Option<Instant> {
+        self.rare.as_ref().and_then(|r| r.held_until)
     }
 
     /// The latest send recorded by [`try_send`](Self::try_send).
     pub(crate) fn last_sent(&self) -> Option<Instant> {
-        self.last_sent
+        self.rare.as_ref().and_then(|r| r.last_sent)
     }
 
     /// Requests in flight, by weight.
@@ -110,10 +132,9 @@ impl HostState {
         // left inside the window: once the newest record beyond those has
         // left it, at `record + window`.
         let keep = quota.saturating_sub(weight as usize);
-        match self.admissions.len().checked_sub(keep + 1) {
-            Some(i) if quota > 0 => self
-                .ready_at
-                .max(after(self.admissions[i], pacing.window())),
+        let admissions = self.admissions();
+        match admissions.len().checked_sub(keep + 1) {
+            Some(i) if quota > 0 => self.ready_at.max(after(admissions[i], pacing.window())),
             _ => self.ready_at,
         }
     }
@@ -158,14 +179,14 @@ impl HostState {
         self.in_flight = self.in_flight.saturating_add(weight);
         self.ready_at = self.ready_at.max(after(now, pacing.min_delay()));
         if pacing.quota() > 0 {
+            let admissions = &mut self.rare_mut().admissions;
             // Admissions that left the window can no longer matter.
-            while let Some(&oldest) = self.admissions.front()
+            while let Some(&oldest) = admissions.front()
                 && after(oldest, pacing.window()) <= now
             {
-                self.admissions.pop_front();
+                admissions.pop_front();
             }
-            self.admissions
-                .extend(std::iter::repeat_n(now, weight as usize));
+            admissions.extend(std::iter::repeat_n(now, weight as usize));
         }
         admission
     }
@@ -179,12 +200,16 @@ impl HostState {
     /// recorded since, the host is as it was before the send was recorded.
     pub(crate) fn undo(&mut self, admission: &Admission) {
         self.in_flight = self.in_flight.saturating_sub(admission.weight);
-        let recorded_at = admission.sent.as_ref().map_or(admission.at, |(at, ..)| *at);
+        let recorded_at = admission
+            .sent
+            .as_deref()
+            .map_or(admission.at, |(at, ..)| *at);
         self.forget(recorded_at, admission.weight);
-        match &admission.sent {
+        match admission.sent.as_deref() {
             Some((_, epoch, before)) if self.epoch == *epoch => {
-                self.last_sent = before.last_sent;
-                self.sent_gap_until = before.sent_gap_until;
+                let rare = self.rare_mut();
+                rare.last_sent = before.last_sent;
+                rare.sent_gap_until = before.sent_gap_until;
                 self.ready_at = before.ready_at;
             }
             Some(_) => {}
@@ -209,8 +234,10 @@ impl HostState {
         at: Instant,
         pacing: &Pacing,
     ) -> Result<(), Instant> {
-        if at < self.sent_gap_until {
-            return Err(self.sent_gap_until);
+        if let Some(gap) = self.rare.as_ref().and_then(|r| r.sent_gap_until)
+            && at < gap
+        {
+            return Err(gap);
         }
         // Nothing else happened since the admission: taking the send back
         // may take the admission's own gap back too.
@@ -219,16 +246,18 @@ impl HostState {
         } else {
             self.ready_at
         };
+        let rare = self.rare.get_or_insert_with(Box::default);
         let before = Unsent {
-            last_sent: self.last_sent,
-            sent_gap_until: self.sent_gap_until,
+            last_sent: rare.last_sent,
+            sent_gap_until: rare.sent_gap_until,
             ready_at,
         };
         self.epoch = self.epoch.wrapping_add(1);
-        admission.sent = Some((at, self.epoch, before));
-        self.last_sent = Some(at);
-        self.sent_gap_until = after(at, pacing.min_delay());
-        self.ready_at = self.ready_at.max(self.sent_gap_until);
+        admission.sent = Some(Box::new((at, self.epoch, before)));
+        let gap = after(at, pacing.min_delay());
+        rare.last_sent = Some(at);
+        rare.sent_gap_until = Some(gap);
+        self.ready_at = self.ready_at.max(gap);
         if pacing.quota() == 0 || at <= admission.at {
             return Ok(());
         }
@@ -236,9 +265,10 @@ impl HostState {
         // admission drops what has left the window (only the `quota`
         // newest decide, so a record kept too long changes nothing).
         self.forget(admission.at, admission.weight);
-        let pos = self.admissions.partition_point(|&t| t <= at);
+        let admissions = &mut self.rare_mut().admissions;
+        let pos = admissions.partition_point(|&t| t <= at);
         for _ in 0..admission.weight {
-            self.admissions.insert(pos, at);
+            admissions.insert(pos, at);
         }
         Ok(())
     }
@@ -254,19 +284,26 @@ impl HostState {
         admission.weight = weight;
         self.in_flight = self.in_flight.saturating_add(extra);
         if pacing.quota() > 0 {
-            let at = admission.sent.as_ref().map_or(admission.at, |(at, ..)| *at);
-            let pos = self.admissions.partition_point(|&t| t <= at);
+            let at = admission
+                .sent
+                .as_deref()
+                .map_or(admission.at, |(at, ..)| *at);
+            let admissions = &mut self.rare_mut().admissions;
+            let pos = admissions.partition_point(|&t| t <= at);
             for _ in 0..extra {
-                self.admissions.insert(pos, at);
+                admissions.insert(pos, at);
             }
         }
     }
 
     /// Drops up to `weight` quota records made at `at`.
     fn forget(&mut self, at: Instant, weight: u32) {
+        let Some(rare) = &mut self.rare else {
+            return;
+        };
         for _ in 0..weight {
-            match self.admissions.iter().rposition(|&t| t == at) {
-                Some(i) => drop(self.admissions.remove(i)),
+            match rare.admissions.iter().rposition(|&t| t == at) {
+                Some(i) => drop(rare.admissions.remove(i)),
                 None => return,
             }
         }
@@ -300,8 +337,10 @@ impl HostState {
     /// hold already in place.
     pub(crate) fn penalize(&mut self, now: Instant, hold: Duration) {
         self.epoch = self.epoch.wrapping_add(1);
-        self.ready_at = self.ready_at.max(after(now, hold));
-        self.held_until = self.held_until.max(after(now, hold));
+        let until = after(now, hold);
+        self.ready_at = self.ready_at.max(until);
+        let held = &mut self.rare_mut().held_until;
+        *held = Some(held.map_or(until, |h| h.max(until)));
     }
 
     /// From when on this state constrains nothing (it is equivalent to a
@@ -311,7 +350,7 @@ impl HostState {
             return None;
         }
         let quota_free = self
-            .admissions
+            .admissions()
             .back()
             .map(|&last| after(last, pacing.window()));
         Some(quota_free.map_or(self.ready_at, |q| q.max(self.ready_at)))

@@ -1,8 +1,9 @@
 //! `DomainLimiter`: first come, first served (by priority), event-driven
 //! per-host pacing in one process.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
+use std::future::Future;
 use std::hash::BuildHasher;
 
 /// The host maps' hasher: foldhash, randomly seeded per map (as hashbrown's
@@ -15,11 +16,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use url::Url;
 
 use super::host::{Admission, Decision, HostState};
 use super::sweep::{Sweep, SweepSignal};
 use crate::hooks::WaitReport;
-use crate::limiter::Admitted;
 use crate::pacing::after;
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
@@ -91,7 +92,9 @@ struct Inner {
 /// critical section is a few map operations and never awaits.
 #[derive(Default)]
 struct Shard {
-    hosts: HashMap<HostKey, Entry, RandomState>,
+    /// hashbrown's map, for `entry_ref`: one lookup of a host, known or
+    /// new, without cloning its key unless it is inserted.
+    hosts: hashbrown::HashMap<HostKey, Entry, RandomState>,
     /// The most hosts held since the last sweep: a map that was this full
     /// moments ago keeps its room, rather than shrink and grow back each
     /// sweep through a crawl of many hosts.
@@ -120,9 +123,35 @@ struct Entry {
     policy: usize,
     /// Waiters by priority, in arrival order among equals; only the head
     /// ever decides.
-    queue: VecDeque<Waiter>,
+    queue: Line,
     /// Whether an expiry is queued for this host.
     sweep_queued: bool,
+}
+
+/// A host's waiters, out of line, allocated when the first one joins:
+/// most hosts of a crawl never have one, and their entries stay small.
+/// (The box is the point: an empty `VecDeque` is 32 bytes in every entry,
+/// a `None` 8.)
+#[derive(Default)]
+#[allow(clippy::box_collection)]
+struct Line(Option<Box<VecDeque<Waiter>>>);
+
+/// The waiters of a host that never had one.
+static NO_WAITERS: VecDeque<Waiter> = VecDeque::new();
+
+impl std::ops::Deref for Line {
+    type Target = VecDeque<Waiter>;
+
+    fn deref(&self) -> &VecDeque<Waiter> {
+        self.0.as_deref().unwrap_or(&NO_WAITERS)
+    }
+}
+
+/// Allocates the line: only for changing it (a waiter joins or leaves).
+impl std::ops::DerefMut for Line {
+    fn deref_mut(&mut self) -> &mut VecDeque<Waiter> {
+        self.0.get_or_insert_with(Box::default)
+    }
 }
 
 struct Waiter {
@@ -188,7 +217,7 @@ impl Entry {
     fn wake_turns(&self) {
         let in_flight = self.state.in_flight();
         let mut lightest = u32::MAX;
-        for waiter in &self.queue {
+        for waiter in self.queue.iter() {
             if waiter.weight >= lightest {
                 continue;
             }
@@ -248,6 +277,57 @@ impl DomainLimiter {
         limiter
     }
 
+    /// [`Limiter::acquire`], its future not boxed: what a program that
+    /// holds a `DomainLimiter` (not a `dyn Limiter`) calls, with no
+    /// allocation on an acquire that need not wait.
+    pub fn acquire<'a>(
+        &'a self,
+        engine: &'a str,
+        url: &Url,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + use<'a> {
+        let host = HostKey::from_url(url);
+        async move {
+            acquire(
+                &self.inner,
+                engine,
+                host?,
+                deadline,
+                RequestPacing::default(),
+            )
+            .await
+        }
+    }
+
+    /// [`Limiter::acquire_host`], its future not boxed (see
+    /// [`acquire`](Self::acquire)).
+    pub fn acquire_host<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + use<'a> {
+        acquire(
+            &self.inner,
+            engine,
+            host,
+            deadline,
+            RequestPacing::default(),
+        )
+    }
+
+    /// [`Limiter::acquire_with`], its future not boxed (see
+    /// [`acquire`](Self::acquire)).
+    pub fn acquire_with<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + use<'a> {
+        acquire(&self.inner, engine, host, deadline, request)
+    }
+
     /// The pacing of hosts no rule matches.
     pub fn pacing(&self) -> &Pacing {
         self.inner.policies.default_pacing()
@@ -281,7 +361,7 @@ impl DomainLimiter {
     /// not call into this limiter.
     pub(crate) fn visit_busy(
         &self,
-        mut f: impl FnMut(&HostKey, usize, usize, Instant, Instant),
+        mut f: impl FnMut(&HostKey, usize, usize, Instant, Option<Instant>),
     ) -> (usize, usize, usize) {
         let mut totals = (0, 0, 0);
         for shard in &self.inner.shards {
@@ -327,7 +407,7 @@ impl DomainLimiter {
                     queued,
                     in_flight,
                     next_send: times.then_some(next.max(now)),
-                    held_until: (times && held > now).then_some(held),
+                    held_until: held.filter(|&held| times && held > now),
                     paced_by,
                 });
             });
@@ -356,7 +436,13 @@ impl Limiter for DomainLimiter {
         host: HostKey,
         deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
-        self.acquire_with(engine, host, deadline, RequestPacing::default())
+        Box::pin(acquire(
+            &self.inner,
+            engine,
+            host,
+            deadline,
+            RequestPacing::default(),
+        ))
     }
 
     fn acquire_with<'a>(
@@ -395,7 +481,7 @@ impl Limiter for DomainLimiter {
         self.inner.closed.store(true, Ordering::SeqCst);
         for shard in &self.inner.shards {
             for entry in lock(shard).hosts.values() {
-                for waiter in &entry.queue {
+                for waiter in entry.queue.iter() {
                     // A stored permit: a waiter about to park still wakes.
                     waiter.wake.notify_one();
                 }
@@ -632,7 +718,7 @@ impl Inner {
             admission,
             policy,
         };
-        Permit::admitted(host, waited, Box::new(admitted))
+        Permit::admitted(host, waited, admitted)
     }
 
     /// Records that an admission's request leaves at `at`, unless another
@@ -840,23 +926,18 @@ impl Shard {
     }
 
     fn entry(&mut self, host: &HostKey, now: Instant, policy: usize) -> &mut Entry {
-        // Two lookups when the host is known (the usual case) cost less
-        // than cloning its key for `HashMap::entry` every time.
-        if !self.hosts.contains_key(host) {
-            self.high_water = self.high_water.max(self.hosts.len() + 1);
-            self.hosts.insert(
-                host.clone(),
-                Entry {
+        let held = self.hosts.len() + 1;
+        match self.hosts.entry_ref(host) {
+            hashbrown::hash_map::EntryRef::Occupied(entry) => entry.into_mut(),
+            hashbrown::hash_map::EntryRef::Vacant(vacant) => {
+                self.high_water = self.high_water.max(held);
+                vacant.insert(Entry {
                     state: HostState::new(now),
                     policy,
-                    queue: VecDeque::new(),
+                    queue: Line::default(),
                     sweep_queued: false,
-                },
-            );
-        }
-        match self.hosts.get_mut(host) {
-            Some(entry) => entry,
-            None => unreachable!("inserted above, under the same lock"),
+                })
+            }
         }
     }
 
@@ -899,28 +980,35 @@ fn settle_entry(
 
 /// One admission of a [`DomainLimiter`], as its permit holds it (the
 /// permit keeps the host's key).
-struct LocalAdmission {
+pub(crate) struct LocalAdmission {
     inner: Arc<Inner>,
     admission: Admission,
     policy: usize,
 }
 
-impl Admitted for LocalAdmission {
-    fn release(self: Box<Self>, host: &HostKey) {
+/// What the permit does with its admission. Each method is given the
+/// permit's host (the key the admission was made under), so that the
+/// admission need not keep a copy.
+impl LocalAdmission {
+    /// The request is complete.
+    pub(crate) fn release(self, host: &HostKey) {
         self.inner
             .release(host, self.policy, self.admission.weight());
     }
 
-    fn abandon(self: Box<Self>, host: &HostKey) {
+    /// The request was never sent: take the admission back.
+    pub(crate) fn abandon(self, host: &HostKey) {
         self.inner.undo(host, &self.admission);
     }
 
-    fn try_send(&mut self, host: &HostKey, at: Instant) -> Result<(), Instant> {
+    /// The request leaves at `at`; see [`Permit::try_send`].
+    pub(crate) fn try_send(&mut self, host: &HostKey, at: Instant) -> Result<(), Instant> {
         self.inner
             .try_send(host, &mut self.admission, at, self.policy)
     }
 
-    fn reweigh(&mut self, host: &HostKey, weight: u32) {
+    /// The request weighs `weight`; see [`Permit::reweigh`].
+    pub(crate) fn reweigh(&mut self, host: &HostKey, weight: u32) {
         self.inner
             .reweigh(host, &mut self.admission, weight, self.policy);
     }

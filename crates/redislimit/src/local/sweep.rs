@@ -88,6 +88,14 @@ impl SweepSignal {
     /// due): make sure the sweeper looks by then.
     pub(crate) fn schedule(&self, at: Instant) {
         let at = self.micros(at);
+        // Already due by then: nothing to write. A load, not the
+        // read-modify-write below, so that a crawl marking hosts idle one
+        // after another does not take the line from the sweeper's core each
+        // time; at its place in the sequentially consistent order it reads
+        // what the read-modify-write would.
+        if self.next.load(Ordering::SeqCst) <= at {
+            return;
+        }
         // Sequentially consistent with the sweeper's end of a sweep: either
         // it reads this `at` from `next`, or this reads that it has
         // stopped sweeping and wakes it.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
-use redislimit::{DomainLimiter, HostKey, Limiter, Pacing};
+use redislimit::{DomainLimiter, HostKey, Pacing};
 use serde_json::json;
 
 use crate::{Figure, live_bytes};
