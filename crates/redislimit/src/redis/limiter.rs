@@ -17,7 +17,7 @@ use super::keys::{RedisKeys, check_name};
 use super::pool::{Connections, QueryError, RedisPool};
 use super::registry::{FallbackPolicy, Registry, RegistryPlan};
 use super::renew::{Renewal, Renewals};
-use super::script::{ACQUIRE, ADOPT, BACKOFF, PENALIZE, RELEASE};
+use super::script::{ACQUIRE, ADOPT, AcquireReply, BACKOFF, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
 use crate::limiter::{Unsent, heaviest};
 use crate::pacing::{after, micros};
@@ -1308,7 +1308,7 @@ impl Shared {
     ) -> Result<Answer, Error> {
         let sent = Instant::now();
         let reply = ACQUIRE
-            .run::<Vec<i64>>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+            .run::<AcquireReply>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
                     .arg(args.min_delay_us)
                     .arg(args.cap)
@@ -1322,7 +1322,8 @@ impl Shared {
                     // Heavier requests stay out of the line (best fit).
                     .arg(if args.weight > 1 { 0 } else { args.patience_us });
             })
-            .await;
+            .await
+            .map(|reply| reply.0);
         self.circuit.observe(&reply);
         if let Ok(reply) = &reply {
             let rtt = sent.elapsed();

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{self, Cmd, FromRedisValue};
+use deadpool_redis::redis::{self, Cmd, FromRedisValue, ParsingError, Value};
 
 use super::pool::{Connections, QueryError};
 
@@ -65,3 +65,25 @@ pub(crate) static BACKOFF: LazyLock<LuaScript> = script!("backoff.lua");
 pub(crate) static AGREE: LazyLock<LuaScript> = script!("agree.lua");
 pub(crate) static REGISTER: LazyLock<LuaScript> = script!("register.lua");
 pub(crate) static ADOPT: LazyLock<LuaScript> = script!("adopt.lua");
+
+/// What acquire.lua answers, as three integers (see its header): an
+/// admission at once comes as the Redis clock alone (an integer reply costs
+/// the server less than a table) and reads as `[1, now, 0]`.
+#[derive(Debug)]
+pub(crate) struct AcquireReply(pub(crate) Vec<i64>);
+
+impl FromRedisValue for AcquireReply {
+    fn from_redis_value_ref(v: &Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(now) => Ok(Self(vec![1, *now, 0])),
+            other => Vec::from_redis_value_ref(other).map(Self),
+        }
+    }
+
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(now) => Ok(Self(vec![1, now, 0])),
+            other => Vec::from_redis_value(other).map(Self),
+        }
+    }
+}

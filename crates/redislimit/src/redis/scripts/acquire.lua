@@ -29,8 +29,9 @@
 --         told it will have asked again at the latest; it keeps its place
 --         in line until then
 --
--- Returns {1, now, ahead} when admitted: send in `ahead` µs (0: at once;
--- the slot is booked for then), or {0, wait, full}: no send for `wait` µs,
+-- Returns `now` (an integer, the Redis clock in µs) when admitted at once,
+-- {1, now, ahead} when booked for a send in `ahead` µs (the slot is booked
+-- for then), or {0, wait, full}: no send for `wait` µs,
 -- and full = 1 when the host's in-flight cap is taken (retry soon after),
 -- or {0, 0, 2} when this acquire had already been abandoned, or
 -- {0, lease_ttl, 3} when the host's state was of the wrong type or
@@ -38,10 +39,11 @@
 -- lease_ttl (see heal in common.lua), and nothing else was written.
 local gate, leases, admits, void, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token = ARGV[1]
-local min_delay, cap, lease_ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local quota, window, max_wait = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local weight, horizon, width = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local patience = tonumber(ARGV[11])
+-- The window, the longest wait and the bucket width are parsed only where
+-- they are used (see num in common.lua).
+local min_delay, cap, lease_ttl = num(ARGV[2]), num(ARGV[3]), num(ARGV[4])
+local quota, weight, horizon = num(ARGV[5]), num(ARGV[8]), num(ARGV[9])
+local in_line_wanted = ARGV[11] ~= '0'
 local now = clock()
 
 -- Everything this script decides on is read (and checked) before anything
@@ -55,26 +57,60 @@ end
 -- Anything but garbage (out of memory, say) is raised, not healed.
 local err = (not ok_void and voided) or (not ok and state) or nil
 ok = ok and ok_void and nxt ~= nil and busy ~= nil
+-- Leases in flight (lease mode): an empty set is not trimmed; the count
+-- left after trimming the lapsed leases is the set's size.
+local in_flight = 0
 if ok and cap ~= 0 then
-  ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
+  ok, in_flight = pcall(redis.call, 'ZCARD', leases)
+  if ok and in_flight > 0 then
+    local trimmed
+    ok, trimmed = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
+    if ok then
+      in_flight = in_flight - trimmed
+    else
+      err = trimmed
+    end
+  elseif not ok then
+    err = in_flight
+  end
 end
+local window, width = 0, 0
+if quota > 0 then
+  window, width = num(ARGV[6]), num(ARGV[10])
+end
+-- Admissions counted in the window: buckets (see buckets in common.lua),
+-- or each admission, of which those that left the window are dropped (an
+-- admission at `a` counts while a <= now < a + window).
 local live, stale, counted
 if ok and quota > 0 and width > 0 then
-  ok, err = pcall(function()
-    live, stale, counted = buckets(admits, now, window)
-  end)
+  ok, live, stale, counted = pcall(buckets, admits, now, window)
+  if not ok then
+    err = live
+  end
 elseif ok and quota > 0 then
-  -- An admission at `a` counts while a <= now < a + window.
-  ok, err = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+  ok, counted = pcall(redis.call, 'ZCARD', admits)
+  if ok and counted > 0 then
+    local trimmed
+    ok, trimmed = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
+    if ok then
+      counted = counted - trimmed
+    else
+      err = trimmed
+    end
+  elseif not ok then
+    err = counted
+  end
 end
--- Waiters in line before this one, and when this one joined it.
-local ahead, arrival, in_line = 0, now, false
-if ok and patience > 0 then
-  ok, err = pcall(function()
-    ahead, arrival, in_line = line(waiting, token, now)
-  end)
+-- Waiters in line before this one, when this one joined it, whether it is
+-- in line, and whether anyone is.
+local ahead, arrival, in_line, lined = 0, now, false, false
+if ok and in_line_wanted then
+  ok, ahead, arrival, in_line, lined = pcall(line, waiting, token, now)
+  if not ok then
+    err, ahead, arrival, in_line = ahead, 0, now, false
+  end
 end
-if err and not ok and not is_garbage(err) then
+if not ok and err and not is_garbage(err) then
   error(err)
 end
 if not ok then
@@ -98,10 +134,8 @@ if cap == 0 then
       nxt = math.max(nxt, busy + min_delay)
     end
   end
-else
-  if redis.call('ZCARD', leases) + weight > cap then
-    full = 1
-  end
+elseif in_flight + weight > cap then
+  full = 1
 end
 
 local wait = nxt - now
@@ -112,9 +146,8 @@ if quota > 0 and width > 0 then
 elseif quota > 0 then
   -- Room for `weight` more once at most quota - weight are left: once the
   -- newest record beyond those has left the window.
-  local n = redis.call('ZCARD', admits)
-  if n + weight > quota then
-    local i = n - quota + weight - 1
+  if counted + weight > quota then
+    local i = counted - quota + weight - 1
     local oldest = redis.call('ZRANGE', admits, i, i, 'WITHSCORES')
     wait = math.max(wait, tonumber(oldest[2]) + window - now)
   end
@@ -126,7 +159,7 @@ end
 -- mode without a gap, each waiter ahead keeps a slot of the cap.
 local behind = false
 if ahead > 0 and cap ~= 0 and min_delay == 0 then
-  if redis.call('ZCARD', leases) + ahead + weight > cap then
+  if in_flight + ahead + weight > cap then
     full = 1
   end
 elseif ahead > 0 then
@@ -141,9 +174,9 @@ end
 if full == 1 or wait > horizon or behind then
   -- A clock that stepped back, or a value from elsewhere, never asks for
   -- more than the longest wait this configuration can produce.
-  wait = math.min(math.max(wait, 0), max_wait)
-  if patience > 0 then
-    join(waiting, token, arrival, now + wait + patience, now)
+  wait = math.min(math.max(wait, 0), num(ARGV[7]))
+  if in_line_wanted then
+    join(waiting, token, arrival, now + wait + num(ARGV[11]), now, not lined)
   end
   return {0, wait, full}
 end
@@ -157,11 +190,14 @@ local soon = math.max(wait, 0)
 local at = now + soon
 local before = nxt
 nxt = math.max(nxt, at + min_delay)
-book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, before)
+book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, before, in_flight == 0)
 if quota > 0 and width > 0 then
   bucket_add(admits, at, weight, width, window, now, stale)
 elseif quota > 0 then
   zadd_all(admits, int(at), token, weight)
-  extend(admits, at + window - now)
+  extend(admits, at + window - now, counted == 0)
+end
+if soon == 0 then
+  return now
 end
 return {1, now, soon}

@@ -1,10 +1,24 @@
 -- common.lua: helpers prepended to every redislimit script.
 -- Times are integer microseconds on the Redis server's own clock.
 
--- Integers go to Redis through %.0f: exact up to 2^53-1, where tostring()
--- would switch to exponent notation and drop digits.
+-- Integers go to Redis through %d: exact up to 2^53-1 (Lua's %d formats a
+-- C long), where tostring() would switch to exponent notation and drop
+-- digits, at less than half the cost of %.0f. Only integral values are
+-- formatted.
 local function int(n)
-  return string.format('%.0f', n)
+  return string.format('%d', n)
+end
+
+-- A number argument, with '0' and '1' (the most common values of most of
+-- them) read without parsing: parsing a number (strtod) costs more than
+-- most commands do.
+local function num(s)
+  if s == '0' then
+    return 0
+  elseif s == '1' then
+    return 1
+  end
+  return tonumber(s)
 end
 
 -- Microseconds since the epoch, from the server's clock (TIME). Every script
@@ -30,10 +44,12 @@ end
 
 
 -- Keeps `key` alive for at least `us` more microseconds, plus one second of
--- slack for a replica whose clock trails its master's. Never shortens a TTL.
-local function extend(key, us)
+-- slack for a replica whose clock trails its master's. Never shortens a TTL;
+-- `fresh` says this script created the key (it did not exist before its
+-- write), so it has no TTL to keep and none is read.
+local function extend(key, us, fresh)
   local ms = math.ceil(us / 1000) + 1000
-  if redis.call('PTTL', key) < ms then
+  if fresh or redis.call('PTTL', key) < ms then
     redis.call('PEXPIRE', key, int(ms))
   end
 end
@@ -208,12 +224,13 @@ end
 -- turns in the order they began to wait.
 
 -- How many live waiters of `waiting` are in line before `token`, when
--- `token` joined (`now` when it is not in line yet) and whether it is in
--- line; drops the other entries whose `by` has passed.
+-- `token` joined (`now` when it is not in line yet), whether it is in
+-- line, and whether the line is left with anyone in it (else its key is
+-- gone); drops the other entries whose `by` has passed.
 local function line(waiting, token, now)
   local raw = redis.call('HGETALL', waiting)
   if #raw == 0 then
-    return 0, now, false
+    return 0, now, false, false
   end
   local entries, dead = {}, {}
   local arrival, present = now, false
@@ -240,14 +257,14 @@ local function line(waiting, token, now)
       ahead = ahead + 1
     end
   end
-  return ahead, arrival, present
+  return ahead, arrival, present, present or #entries > 0
 end
 
 -- Puts `token` in line (or keeps its place), joined at `arrival`, to ask
--- again before `by`.
-local function join(waiting, token, arrival, by, now)
+-- again before `by`; `fresh` when the line was empty (no key).
+local function join(waiting, token, arrival, by, now, fresh)
   redis.call('HSET', waiting, token, int(arrival) .. ' ' .. int(by))
-  extend(waiting, by - now)
+  extend(waiting, by - now, fresh)
 end
 
 -- Books `token` a slot on a host for a send at `at` (now, or a moment
@@ -256,6 +273,7 @@ end
 -- With `undo` (what `next` was before), the gate records the booking
 -- (booked, booked_next, before) so that an abandon can take back the gap it
 -- opened while nothing else has moved `next` since (see release.lua).
+-- `fresh` when the leases set was empty (no key) before this booking.
 local function set_next(gate, nxt, token, undo, ...)
   local n = int(nxt)
   if undo then
@@ -265,7 +283,7 @@ local function set_next(gate, nxt, token, undo, ...)
   end
 end
 
-local function book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, undo)
+local function book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, undo, fresh)
   local deadline = at + lease_ttl
   if cap == 0 then
     set_next(gate, nxt, token, undo, 'holder', token, 'busy', int(deadline))
@@ -277,7 +295,7 @@ local function book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay
       extend(gate, nxt - now)
     end
     zadd_all(leases, int(deadline), token, weight)
-    extend(leases, deadline - now)
+    extend(leases, deadline - now, fresh)
   end
 end
 
