@@ -193,6 +193,10 @@ struct Table {
     exact: RuleMap,
     /// Suffix (without `*.`) -> index in `rules`.
     suffix: RuleMap,
+    /// How many labels the suffixes in `suffix` have: bit `n` for `n`
+    /// (bit 63 for 63 or more). A host's walk over its own suffixes looks
+    /// up only those with as many labels as some rule's.
+    suffix_labels: u64,
     key_by: KeyBy,
 }
 
@@ -205,6 +209,7 @@ impl Policies {
                 rules: Vec::new(),
                 exact: RuleMap::default(),
                 suffix: RuleMap::default(),
+                suffix_labels: 0,
                 key_by: KeyBy::Host,
             }),
         }
@@ -226,6 +231,9 @@ impl Policies {
                 rule: rule.pattern,
                 reason: "another rule has the same pattern",
             });
+        }
+        if pattern.starts_with("*.") {
+            table.suffix_labels |= label_bit(labels(&name));
         }
         map.insert(name.into_boxed_str(), table.rules.len());
         rule.pattern = pattern;
@@ -295,10 +303,17 @@ impl Policies {
         if let Some(&i) = t.exact.get(name) {
             return i + 1;
         }
+        if t.suffix_labels == 0 {
+            return 0;
+        }
         let mut rest = name;
+        let mut left = labels(name);
         while let Some(dot) = rest.find('.') {
             rest = &rest[dot + 1..];
-            if let Some(&i) = t.suffix.get(rest) {
+            left -= 1;
+            if t.suffix_labels & label_bit(left) != 0
+                && let Some(&i) = t.suffix.get(rest)
+            {
                 return i + 1;
             }
         }
@@ -393,6 +408,16 @@ impl fmt::Debug for Policies {
 }
 
 /// The host part of a key: without a `:port`.
+/// How many dot-separated labels `name` has.
+fn labels(name: &str) -> usize {
+    name.bytes().filter(|&b| b == b'.').count() + 1
+}
+
+/// The bit of [`Table::suffix_labels`] for `labels` labels.
+fn label_bit(labels: usize) -> u64 {
+    1 << labels.min(63)
+}
+
 fn host_part(key: &str) -> &str {
     if let Some(v6) = key.strip_prefix('[') {
         return match v6.find(']') {
@@ -482,6 +507,47 @@ mod tests {
         // A host:port key matches as its host.
         assert_eq!(p.index(&HostKey::named("x.example.com:8080")), 1);
         assert_eq!(p.index(&HostKey::named("[::1]:80")), 0);
+    }
+
+    #[test]
+    fn suffixes_of_any_number_of_labels_match() {
+        // One rule at a time, so that only its number of labels is known
+        // (a walk that miscounted would skip the lookup that finds it), and
+        // all together.
+        let long: String = (0..70).map(|i| format!("l{i}.")).collect();
+        let long = long.trim_end_matches('.');
+        let (long_rule, below_long) = (format!("*.{long}"), format!("x.{long}"));
+        let further_below_long = format!("x.y.{long}");
+        let cases = [
+            ("*.com", vec!["x.com", "x.y.z.com"], vec!["com", "x.org"]),
+            ("*.example.org", vec!["x.example.org"], vec!["example.org"]),
+            (
+                "*.a.b.c.example.net",
+                vec!["x.y.a.b.c.example.net"],
+                vec!["b.c.example.net", "x.example.net"],
+            ),
+            (
+                long_rule.as_str(),
+                vec![below_long.as_str(), further_below_long.as_str()],
+                vec![long],
+            ),
+        ];
+        let mut all = Policies::new(pacing(1));
+        for (pattern, below, not) in &cases {
+            let one = Policies::new(pacing(1))
+                .with_rule(Rule::new(*pattern, pacing(2)))
+                .unwrap();
+            all = all.with_rule(Rule::new(*pattern, pacing(2))).unwrap();
+            for p in [&one, &all] {
+                let ms = |name: &str| p.pacing_for(&host(name)).min_delay().as_millis();
+                for name in below {
+                    assert_eq!(ms(name), 2, "{name} is below {pattern}");
+                }
+                for name in not {
+                    assert_eq!(ms(name), 1, "{name} is not below {pattern}");
+                }
+            }
+        }
     }
 
     #[test]
