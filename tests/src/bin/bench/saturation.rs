@@ -17,14 +17,18 @@ use crate::Figure;
 const REPLICAS: usize = 8;
 const TASKS: usize = 3;
 const RUN: Duration = Duration::from_secs(4);
+/// Gaps a run at a slow pace lasts for at least, so that one late
+/// admission moves its rate by about a percent, not three.
+const GAPS: u32 = 80;
 const WARM: Duration = Duration::from_millis(500);
 
-/// Runs every replica's tasks against one host for `RUN`, each holding its
-/// permit for `work`; returns what was admitted.
-async fn saturate(replicas: Vec<Arc<dyn Limiter>>, work: Duration) -> Vec<Request> {
+/// Runs every replica's tasks against one host for `RUN`, or `GAPS` times
+/// `gap` when longer, each holding its permit for `work`; returns what was
+/// admitted.
+async fn saturate(replicas: Vec<Arc<dyn Limiter>>, work: Duration, gap: Duration) -> Vec<Request> {
     let recorder = Arc::new(Recorder::new());
     let host = HostKey::parse("http://busy.example/").unwrap();
-    let end = Instant::now() + RUN;
+    let end = Instant::now() + RUN.max(gap * GAPS);
     let mut tasks = Vec::new();
     for (n, limiter) in replicas.into_iter().enumerate() {
         for _ in 0..TASKS {
@@ -174,7 +178,12 @@ pub(crate) async fn run() -> Vec<Figure> {
         .window(window)
         .build()
         .unwrap();
-    let reqs = saturate(replicas(&server, &pacing, 64), Duration::from_millis(1)).await;
+    let reqs = saturate(
+        replicas(&server, &pacing, 64),
+        Duration::from_millis(1),
+        Duration::ZERO,
+    )
+    .await;
     let violations = usize::from(max_in_window(&reqs, window - SLACK) > 20);
     // Whole windows from the first admission: the quota admits in bursts
     // at each window's start, and acquires still waiting when the run ends
@@ -206,7 +215,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         for (suffix, margin) in margins(ms) {
             let server = RedisServer::start();
             let limiters = replicas_with(&server, &pacing, 8, margin);
-            let reqs = saturate(limiters, Duration::from_millis(5)).await;
+            let reqs = saturate(limiters, Duration::from_millis(5), delay).await;
             figures.push(lease_figure(
                 &format!("saturation_lease_{ms}ms{suffix}_utilization"),
                 &reqs,
@@ -225,7 +234,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         for (suffix, margin) in margins(ms) {
             let server = RedisServer::start();
             let work = Duration::from_millis(5);
-            let reqs = saturate(replicas_with(&server, &pacing, 0, margin), work).await;
+            let reqs = saturate(replicas_with(&server, &pacing, 0, margin), work, delay).await;
             let violations = reqs
                 .windows(2)
                 .filter(|w| w[1].send < w[0].end + delay)
