@@ -23,7 +23,8 @@
 //! window, a missing void check, a dead holder's gap forgotten or kept a microsecond
 //! too long, a lease taken back late or counted after it lapsed, expiries without
 //! their slack; in the waiting
-//! line: a place kept a microsecond too long or lapsing without its patience, ties not
+//! line: a place kept a microsecond too long or lapsing without its patience, the line's
+//! expiry cut short by a newer place, ties not
 //! broken, a place lost on asking again or kept after admission or after an abandon,
 //! one gap for all the waiters ahead, no slots kept for them, the line read without
 //! patience, an unparseable place not healed) and demands that each is found.
@@ -774,6 +775,10 @@ fn a_broken_script_is_caught() {
         (
             "lapsed leases are counted when the set is not empty",
             Sources::acquire_with("if ok and in_flight > 0 then", "if false then"),
+        ),
+        (
+            "a waiting line that was not empty gets the expiry of its newest place",
+            Sources::acquire_with("now, not lined)", "now, true)"),
         ),
         (
             "a dead holder keeps the host a microsecond too long",

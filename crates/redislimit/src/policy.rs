@@ -407,7 +407,6 @@ impl fmt::Debug for Policies {
     }
 }
 
-/// The host part of a key: without a `:port`.
 /// How many dot-separated labels `name` has.
 fn labels(name: &str) -> usize {
     name.bytes().filter(|&b| b == b'.').count() + 1
@@ -418,6 +417,7 @@ fn label_bit(labels: usize) -> u64 {
     1 << labels.min(63)
 }
 
+/// The host part of a key: without a `:port`.
 fn host_part(key: &str) -> &str {
     if let Some(v6) = key.strip_prefix('[') {
         return match v6.find(']') {

@@ -1,11 +1,15 @@
 -- common.lua: helpers prepended to every redislimit script.
 -- Times are integer microseconds on the Redis server's own clock.
 
--- Integers go to Redis through %d: exact up to 2^53-1 (Lua's %d formats a
--- C long), where tostring() would switch to exponent notation and drop
--- digits, at less than half the cost of %.0f. Only integral values are
--- formatted.
+-- Integers go to Redis through %d (Lua's %d formats a C long), at less than
+-- half the cost of %.0f, where tostring() would switch to exponent notation
+-- and drop digits. Only integral values are formatted; one beyond 2^53-1
+-- (only garbage read from a key can be) goes through %.0f, which keeps its
+-- digits where a C long would overflow.
 local function int(n)
+  if n > 9007199254740991 or n < -9007199254740991 then
+    return string.format('%.0f', n)
+  end
   return string.format('%d', n)
 end
 
