@@ -39,8 +39,8 @@
 -- lease_ttl (see heal in common.lua), and nothing else was written.
 local gate, leases, admits, void, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token = ARGV[1]
--- The window, the longest wait and the bucket width are parsed only where
--- they are used (see num in common.lua).
+-- The window, the bucket width, the longest wait and the patience are
+-- parsed only where they are used (see num in common.lua).
 local min_delay, cap, lease_ttl = num(ARGV[2]), num(ARGV[3]), num(ARGV[4])
 local quota, weight, horizon = num(ARGV[5]), num(ARGV[8]), num(ARGV[9])
 local in_line_wanted = ARGV[11] ~= '0'

@@ -277,7 +277,8 @@ end
 -- With `undo` (what `next` was before), the gate records the booking
 -- (booked, booked_next, before) so that an abandon can take back the gap it
 -- opened while nothing else has moved `next` since (see release.lua).
--- `fresh` when the leases set was empty (no key) before this booking.
+-- `fresh` when the leases set was empty (no key) before this booking; only
+-- lease mode reads it (serialized mode books no lease).
 local function set_next(gate, nxt, token, undo, ...)
   local n = int(nxt)
   if undo then
