@@ -81,9 +81,6 @@ impl FromRedisValue for AcquireReply {
     }
 
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        match v {
-            Value::Int(now) => Ok(Self(vec![1, now, 0])),
-            other => Vec::from_redis_value(other).map(Self),
-        }
+        Self::from_redis_value_ref(&v)
     }
 }

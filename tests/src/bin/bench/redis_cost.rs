@@ -104,6 +104,11 @@ fn host(i: usize) -> HostKey {
     HostKey::parse(&format!("http://h{i}.example/")).unwrap()
 }
 
+/// An admission on `host`, its permit for the caller to keep.
+async fn admitted(limiter: &RedisLimiter, host: HostKey) -> Permit {
+    limiter.acquire_host("bench", host, None).await.unwrap()
+}
+
 pub(crate) async fn run() -> Vec<Figure> {
     let server = RedisServer::start();
     let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
@@ -112,12 +117,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         .cluster_concurrency(4000)
         .build()
         .unwrap();
-    drop(
-        limiter
-            .acquire_host("bench", host(usize::MAX), None)
-            .await
-            .unwrap(),
-    );
+    drop(admitted(&limiter, host(usize::MAX)).await);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let sha = server.command(&["SCRIPT", "LOAD", GCRA]);
     let sha = sha.lines().last().unwrap_or_default().trim().to_owned();
@@ -131,7 +131,7 @@ pub(crate) async fn run() -> Vec<Figure> {
     server.command(&["CONFIG", "RESETSTAT"]);
     for round in 0..ROUNDS {
         for i in round * block..(round + 1) * block {
-            held.push(limiter.acquire_host("bench", host(i), None).await.unwrap());
+            held.push(admitted(&limiter, host(i)).await);
         }
         acquire.add(&server, "evalsha", block);
         for i in round * block..(round + 1) * block {
@@ -156,31 +156,21 @@ pub(crate) async fn run() -> Vec<Figure> {
     let one = |i: usize| host(N + i);
     let mut leases: Vec<Permit> = Vec::new();
     for _ in 0..1000 {
-        leases.push(
-            limiter
-                .acquire_host("bench", busy.clone(), None)
-                .await
-                .unwrap(),
-        );
+        leases.push(admitted(&limiter, busy.clone()).await);
     }
     for i in 0..CROWDED {
-        leases.push(limiter.acquire_host("bench", one(i), None).await.unwrap());
+        leases.push(admitted(&limiter, one(i)).await);
     }
     let (mut crowded, mut single) = (Tally::default(), Tally::default());
     let block = CROWDED / ROUNDS;
     server.command(&["CONFIG", "RESETSTAT"]);
     for round in 0..ROUNDS {
         for _ in 0..block {
-            leases.push(
-                limiter
-                    .acquire_host("bench", busy.clone(), None)
-                    .await
-                    .unwrap(),
-            );
+            leases.push(admitted(&limiter, busy.clone()).await);
         }
         crowded.add(&server, "evalsha", block);
         for i in round * block..(round + 1) * block {
-            leases.push(limiter.acquire_host("bench", one(i), None).await.unwrap());
+            leases.push(admitted(&limiter, one(i)).await);
         }
         single.add(&server, "evalsha", block);
     }

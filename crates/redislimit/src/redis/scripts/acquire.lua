@@ -57,20 +57,11 @@ end
 -- Anything but garbage (out of memory, say) is raised, not healed.
 local err = (not ok_void and voided) or (not ok and state) or nil
 ok = ok and ok_void and nxt ~= nil and busy ~= nil
--- Leases in flight (lease mode): an empty set is not trimmed; the count
--- left after trimming the lapsed leases is the set's size.
+-- Leases in flight (lease mode), the lapsed ones dropped.
 local in_flight = 0
 if ok and cap ~= 0 then
-  ok, in_flight = pcall(redis.call, 'ZCARD', leases)
-  if ok and in_flight > 0 then
-    local trimmed
-    ok, trimmed = pcall(redis.call, 'ZREMRANGEBYSCORE', leases, '-inf', int(now))
-    if ok then
-      in_flight = in_flight - trimmed
-    else
-      err = trimmed
-    end
-  elseif not ok then
+  ok, in_flight = pcall(trimmed_count, leases, now)
+  if not ok then
     err = in_flight
   end
 end
@@ -88,16 +79,8 @@ if ok and quota > 0 and width > 0 then
     err = live
   end
 elseif ok and quota > 0 then
-  ok, counted = pcall(redis.call, 'ZCARD', admits)
-  if ok and counted > 0 then
-    local trimmed
-    ok, trimmed = pcall(redis.call, 'ZREMRANGEBYSCORE', admits, '-inf', int(now - window))
-    if ok then
-      counted = counted - trimmed
-    else
-      err = trimmed
-    end
-  elseif not ok then
+  ok, counted = pcall(trimmed_count, admits, now - window)
+  if not ok then
     err = counted
   end
 end

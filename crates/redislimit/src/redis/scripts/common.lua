@@ -119,6 +119,17 @@ local function zadd_all(key, score, token, weight, flag)
   return batched('ZADD', key, flag and {flag} or {}, args, 512)
 end
 
+-- How many members ZSET `key` holds once those scored at or below `upto`
+-- are dropped; an empty (absent) set is counted and not trimmed, so 0 also
+-- says the key does not exist.
+local function trimmed_count(key, upto)
+  local n = redis.call('ZCARD', key)
+  if n == 0 then
+    return 0
+  end
+  return n - redis.call('ZREMRANGEBYSCORE', key, '-inf', int(upto))
+end
+
 -- Removes the members of `token` (of `weight`) from ZSET `key`; returns
 -- how many were there.
 local function zrem_all(key, token, weight)
