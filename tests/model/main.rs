@@ -180,6 +180,8 @@ enum Op {
     Acquire {
         req: usize,
         patience: Us,
+        /// How late after its slot its send may leave (as its process measured).
+        room: Us,
     },
     Release(usize),
     /// With `known`, the caller saw the admission and passes its instant.
@@ -271,10 +273,20 @@ fn patience() -> impl Strategy<Value = Us> {
     ]
 }
 
+/// The room an acquire asks for its lateness: mostly none (a process on time), else
+/// up to a few gaps.
+fn room() -> impl Strategy<Value = Us> {
+    prop_oneof![
+        3 => Just(0i64),
+        1 => 1i64..=8_000,
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let req = 0..REQUESTS;
     prop_oneof![
-        20 => (req.clone(), patience()).prop_map(|(req, patience)| Op::Acquire { req, patience }),
+        20 => (req.clone(), patience(), room())
+            .prop_map(|(req, patience, room)| Op::Acquire { req, patience, room }),
         6 => req.clone().prop_map(Op::Release),
         6 => (req.clone(), any::<bool>()).prop_map(|(req, known)| Op::Abandon { req, known }),
         4 => req.prop_map(Op::Renew),
@@ -393,7 +405,11 @@ fn run(
         let s = |n: i64| n.to_string();
         // What the model answers, and the call that asks the script the same.
         let expected: Vec<i64> = match op {
-            Op::Acquire { req, patience } => {
+            Op::Acquire {
+                req,
+                patience,
+                room,
+            } => {
                 let w = weight(req);
                 call = eval(
                     &loaded.acquire,
@@ -410,6 +426,7 @@ fn run(
                         s(p.horizon),
                         s(p.bucket),
                         s(patience),
+                        s(room),
                     ],
                 );
                 if patience > 0 {
@@ -417,11 +434,12 @@ fn run(
                     seen.behind += usize::from(line.ahead > 0);
                     seen.lapsed += usize::from(line.lapsed > 0);
                 }
-                let reply = model.acquire(now, &token(req), w, patience);
+                let reply = model.acquire(now, &token(req), w, patience, room);
                 match reply {
                     [1, _, ahead] => {
                         told = ahead;
-                        admitted_at.insert(req, now + ahead);
+                        // Where a bucketed quota counted it.
+                        admitted_at.insert(req, now + ahead + room);
                         seen.admitted += 1;
                         if ahead > 0 {
                             seen.booked_ahead += 1;
@@ -842,6 +860,17 @@ fn a_broken_script_is_caught() {
             Sources::release_with(
                 "elseif admitted > 0 and held then",
                 "elseif admitted > 0 then",
+            ),
+        ),
+        (
+            "the next send is not kept clear of a late send's room",
+            Sources::acquire_with("at + min_delay + gap_room", "at + min_delay"),
+        ),
+        (
+            "the quota counts a late send from its slot, not from the end of its room",
+            Sources::acquire_with(
+                "zadd_all(admits, int(at + room)",
+                "zadd_all(admits, int(at)",
             ),
         ),
         (

@@ -1,5 +1,7 @@
-//! An admission that reaches its replica late is handed back, not sent
-//! late: judged from when the upstream saw the requests.
+//! An admission that reaches its replica later than the room it asked
+//! for is handed back, not sent late: judged from when the upstream saw
+//! the requests. (The room itself, kept after a late replica's slots, is
+//! judged at the upstream by the crawl tests: a slow Redis, a crowd.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -108,8 +110,10 @@ async fn an_admission_sent_however_late_comes_too_close_to_the_next() {
     assert!(gap + SLACK < SPACING, "sends {gap:?} apart: A was not late");
 }
 
-/// With it (the default), A's late admission is handed back and A asks
-/// again behind B: the upstream sees every gap kept.
+/// With it (the default), A's late admission (40 ms, with no room kept for
+/// lateness: its process was on time until then) is handed back and A asks
+/// again behind B, with room for twice that lateness: the upstream sees
+/// every gap kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
     let hooks = Arc::new(Late::default());
@@ -123,12 +127,13 @@ async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
         [1, 0],
         "{seen:?}"
     );
-    // And A's hooks heard of it, some 40 ms late. (Under the whole suite's
-    // load A's next admission was once late too, and handed back as well:
-    // what the upstream saw is what this test is about.)
+    // And A's hooks heard of it, some 40 ms late. (They may hear of others:
+    // the warm-up's first call loads the script, and under the whole
+    // suite's load an admission after the stall may be late too; what the
+    // upstream saw is what this test is about.)
     let told = hooks.0.lock().unwrap().clone();
     assert!(
-        matches!(told[..], [(late, true), ..] if late > 20 * MS),
+        told.iter().any(|&(late, back)| back && late > 20 * MS),
         "{told:?}"
     );
 }

@@ -361,12 +361,19 @@ impl Model {
     }
 
     /// `acquire` for `token` of `weight` at `now`, in the waiting line when `patience`
-    /// (how long after its wait it will have asked again) is above 0: `[1, now, ahead]`
-    /// when admitted (to send `ahead` from now), `[0, wait, full]` when refused,
-    /// `[0, 0, 2]` when the token was voided, `[0, lease_ttl, 3]` when garbage was
-    /// replaced.
-    pub fn acquire(&mut self, now: Us, token: &str, weight: u32, patience: Us) -> AcquireReply {
-        match self.try_acquire(now, token, weight, patience) {
+    /// (how long after its wait it will have asked again) is above 0, its send leaving
+    /// up to `room` after its slot: `[1, now, ahead]` when admitted (to send `ahead`
+    /// from now), `[0, wait, full]` when refused, `[0, 0, 2]` when the token was
+    /// voided, `[0, lease_ttl, 3]` when garbage was replaced.
+    pub fn acquire(
+        &mut self,
+        now: Us,
+        token: &str,
+        weight: u32,
+        patience: Us,
+        room: Us,
+    ) -> AcquireReply {
+        match self.try_acquire(now, token, weight, patience, room) {
             Ok(reply) => reply,
             Err(Garbage) => {
                 let hold = self.policy.lease_ttl;
@@ -382,6 +389,7 @@ impl Model {
         token: &str,
         weight: u32,
         patience: Us,
+        room: Us,
     ) -> Result<AcquireReply, Garbage> {
         let p = self.policy;
         let w = i64::from(weight);
@@ -478,7 +486,14 @@ impl Model {
         let soon = wait.max(0);
         let at = now + soon;
         let before = next;
-        let next = next.max(at + p.min_delay);
+        // The send may leave up to `room` after its slot: in lease mode the next one
+        // keeps the gap after that, and the quota counts it from then.
+        let gap_room = if p.cap != 0 && p.min_delay > 0 {
+            room
+        } else {
+            0
+        };
+        let next = next.max(at + p.min_delay + gap_room);
         let deadline = at + p.lease_ttl;
         if p.cap == 0 || next > now {
             self.next = next;
@@ -500,7 +515,7 @@ impl Model {
                 self.buckets
                     .retain(|_, &mut (_, latest)| latest + window > now);
             }
-            self.count(token, weight, at);
+            self.count(token, weight, at + room);
         }
         Ok([1, now, soon])
     }

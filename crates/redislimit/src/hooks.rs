@@ -106,9 +106,11 @@ pub trait Hooks: Send + Sync + fmt::Debug {
 
     /// An admission for the host whose shared state is at `key` reached
     /// its caller `late` (beyond the quickest acquire call's round trip of
-    /// the last 10-20 s), more than the limiter's `max_lateness`: it was handed back and asked for
-    /// again when `handed_back`, else (a process too busy to be on time
-    /// three times in a row) sent all the same.
+    /// the last 10-20 s), more than the limiter's `max_lateness`. It was
+    /// sent when the room its acquire asked Redis to keep after its slot
+    /// for this process's lateness covered it (the next send was kept a
+    /// gap after that room), else (`handed_back`) handed back unsent and
+    /// asked for again with more room.
     fn on_late_admission(&self, key: &str, late: Duration, handed_back: bool) {
         let _ = (key, late, handed_back);
     }

@@ -19,7 +19,7 @@ use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
 /// | `redislimit_errors_total` | counter | `op` | failures of the shared backend (Redis), per operation: `acquire`, `release`, `renew`, `penalize`, `ping`, `close` |
 /// | `redislimit_repairs_total` | counter | | garbage found in Redis state and replaced |
 /// | `redislimit_leases_lost_total` | counter | | leases that lapsed before their renewal |
-/// | `redislimit_late_admissions_total` | counter | `outcome` | admissions that reached their caller later than `max_lateness`: `handed_back` (asked for again) or `sent` (the third in a row) |
+/// | `redislimit_late_admissions_total` | counter | `outcome` | admissions that reached their caller later than `max_lateness`: `handed_back` (asked for again) or `sent` (within the room kept for this process's lateness) |
 /// | `redislimit_fallback_active` | gauge | | 1 while a fallback limiter paces in process, 0 otherwise |
 ///
 /// Hosts are not a label unless [`with_host_label`](Self::with_host_label)

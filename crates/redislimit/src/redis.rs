@@ -2,7 +2,9 @@
 
 mod agreement;
 mod circuit;
+mod clock;
 mod keys;
+mod lateness;
 mod limiter;
 mod pool;
 mod precise;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::{Cmd, RedisError};
@@ -13,7 +13,9 @@ use tokio::time::Instant;
 
 use super::agreement::Agreement;
 use super::circuit::Circuit;
+use super::clock::{RedisClock, RoundTrip};
 use super::keys::{RedisKeys, check_name};
+use super::lateness::{Lateness, Verdict, verdict};
 use super::pool::{Connections, QueryError, RedisPool};
 use super::registry::{FallbackPolicy, Registry, RegistryPlan};
 use super::renew::{Renewal, Renewals};
@@ -79,17 +81,27 @@ use crate::{
 ///
 /// # Late admissions
 ///
-/// Redis admits on time, but its answer can reach a busy process late; a
-/// request that then left late would come closer than the gap to the next
-/// one, which another replica may send on time. In lease
-/// mode with a `min_delay`, or under a quota, an admission that reaches
-/// its caller more than
-/// [`max_lateness`](RedisLimiterBuilder::max_lateness) after Redis made it
-/// (2 ms by default, reckoned on the Redis clock, beyond the quickest
-/// acquire call's round trip) is handed back as never sent and asked for
-/// again. What the upstream sees is then no gap more
-/// than that short from the way to the caller; a request that leaves late
-/// after its permit was granted is beyond the limiter's sight.
+/// Redis admits on time, but its answer can reach a busy process late (a
+/// crawl over thousands of hosts on a few cores reads it milliseconds
+/// later), and a request that then leaves late comes closer than the gap
+/// to the next one, which another replica may send on time. In lease mode
+/// with a `min_delay`, or under a quota, each acquire therefore asks Redis
+/// to keep *room* after its slot for how late this process's admissions
+/// have been reaching it lately (measured against the Redis clock through
+/// Tokio's monotonic clock, so the process's wall clock plays no part; the
+/// room follows the latest lateness and halves every 2 s once sends are on
+/// time again, at most `lease_ttl / 2`): the next send waits `min_delay`
+/// after the room, and the quota counts the admission from its end. An
+/// admission that reaches its caller later than its room and
+/// [`max_lateness`](RedisLimiterBuilder::max_lateness) (2 ms by default)
+/// is handed back as never sent and asked for again with room for twice
+/// its lateness, so it is sent on its next turn unless the process grows
+/// later still; it is never sent beyond its room. The upstream then sees no
+/// gap shorter than `min_delay` less `max_lateness` from lateness on the way
+/// to the caller; a request that leaves late after its permit was granted
+/// is beyond the limiter's sight. The room costs the hosts of a late
+/// process as much of their pace, and only while it is late; a busy
+/// process says so in a warning at most once a minute, with counts.
 ///
 /// # How a quota is kept
 ///
@@ -226,6 +238,9 @@ pub(super) struct Shared {
     pub(super) max_lateness: Duration,
     /// Where this process's clock stands against Redis `TIME`.
     pub(super) redis_clock: RedisClock,
+    /// How late this process's sends leave, and the room its acquires
+    /// ask for.
+    pub(super) lateness: Lateness,
     pub(super) hooks: Arc<dyn Hooks>,
     /// The per-process cap and FIFO order; records no hooks of its own.
     pub(super) local: DomainLimiter,
@@ -244,9 +259,10 @@ pub(super) struct Shared {
     pub(super) closing: Notify,
     /// Whether Redis is skipped for now after it failed to answer.
     pub(super) circuit: Circuit,
-    /// Turns for the acquire and release calls in flight at once (see
-    /// [`MAX_CALLS`]).
+    /// Turns for the acquire calls in flight at once, and for the release
+    /// calls (see [`MAX_CALLS`]).
     pub(super) calls: tokio::sync::Semaphore,
+    pub(super) release_calls: tokio::sync::Semaphore,
     /// This limiter's part in its scope's configuration record.
     pub(super) agreement: Agreement,
     /// This limiter's entry in its scope's replica registry.
@@ -278,8 +294,13 @@ pub(super) struct Args {
     /// buckets (see [`quota_buckets`]).
     pub(super) bucket_us: u64,
     /// When the request was admitted, on the Redis clock (0 until it is,
-    /// or when unknown): where a bucketed quota counted it.
+    /// or when unknown): where a bucketed quota counted it (its slot plus
+    /// its room).
     pub(super) admitted_us: u64,
+    /// How late after its slot its send may leave (see `lateness.rs`):
+    /// the room the acquire asks Redis to keep; 0 where lateness cannot
+    /// bring a send too close to another (see [`Args::sends_late`]).
+    pub(super) room_us: u64,
     /// How long after the wait it was told a waiter of weight 1 will have
     /// asked again at the latest (the retry, jitter, slot margin and
     /// [`LINE_SLACK`]): it keeps its place in the waiting line across
@@ -452,7 +473,8 @@ impl RedisLimiterBuilder {
     /// 100 µs gets about 95 % of the pace, 1 ms about 84 %).
     ///
     /// Sends that leave late are not the margin's to absorb: an admission
-    /// that reaches a busy process late is handed back (see
+    /// that reaches a busy process late is covered by the room its acquire
+    /// kept for that, or handed back (see
     /// [`max_lateness`](Self::max_lateness)). A wider margin only keeps
     /// the calls of waiters that run late (a timer woken late, a round
     /// trip longer than measured) from reaching Redis before their slot
@@ -463,38 +485,36 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// How late an admission may reach its caller and still be sent
-    /// (default 2 ms; [`Duration::MAX`]: however late). Redis admits a
-    /// request at or after its slot, but the reply can reach a busy
-    /// process late, and a request that then leaves late is that much
-    /// closer to the next one, which another replica may send on time.
-    /// Where that matters (a `min_delay` in lease mode, or a quota), an
-    /// admission that reaches its caller later than this is handed back
-    /// at once, as a request never sent, and asked for again; the
-    /// upstream then sees no gap more than this short of `min_delay` from
-    /// lateness on the way to the caller (a request can still leave late
-    /// after its permit is granted).
+    /// How late, beyond the room its acquire kept for this process's
+    /// lateness, an admission may reach its caller and still be sent
+    /// (default 2 ms; [`Duration::MAX`]: however late, with no room kept).
+    /// Redis admits a request at or after its slot, but the reply can
+    /// reach a busy process late, and a request that then leaves late is
+    /// that much closer to the next one, which another replica may send on
+    /// time. Where that matters (a `min_delay` in lease mode, or a quota),
+    /// each acquire asks Redis to keep room after its slot for the lateness
+    /// this process's admissions met lately (see "Late admissions" on
+    /// [`RedisLimiter`]), and an admission later than its room and this is
+    /// handed back at once, as a request never sent, and asked for again
+    /// with room for twice its lateness; the upstream then sees no gap more
+    /// than this short of `min_delay` from lateness on the way to the
+    /// caller (a request can still leave late after its permit is granted).
     ///
     /// Lateness is reckoned on the Redis clock, whose offset from this
-    /// process's clock each admission bounds, and counts beyond the
-    /// quickest acquire call's round trip of the last 10-20 s: a Redis far
-    /// away answers every replica that late, and that closes no gap. For
-    /// up to 20 s after the Redis clock steps forward it is understated by
-    /// the step (and by what the clocks drift apart in that time, should
-    /// Redis's run fast); after the path to Redis grows slower (a failover
-    /// to a node further away), it is overstated by as much for as long,
-    /// and admissions are handed back needlessly. Under a Cluster whose
-    /// clocks disagree, it is understated for the nodes ahead. The admission
-    /// handed back leaves the waiting line across replicas: it had its
-    /// turn, and asks again behind those waiting. A process too busy to
-    /// take a second admission on time sends the third however late, with
-    /// a warning, rather than never; both are reported to
-    /// [`Hooks::on_late_admission`]. Serialized mode counts the gap from
-    /// each completion, which lateness does not shorten; admissions booked
-    /// ahead (see [`book_ahead`](Self::book_ahead)) keep their slots. Not
-    /// part of the configuration agreement (nor is
-    /// [`slot_margin`](Self::slot_margin)): replicas may differ in it, as
-    /// it shapes only this process's sends.
+    /// process's monotonic clock each admission bounds: it is never
+    /// understated, and overstated by at most the quickest round trip of
+    /// the last 10-20 s (a Redis far away is late by its way back: a replica
+    /// nearer to it would send sooner). For up to 20 s after the Redis clock
+    /// steps forward it is understated by the step; under a Cluster whose
+    /// clocks disagree, it is understated for the nodes ahead. The
+    /// admission handed back leaves the waiting line across replicas: it
+    /// had its turn, and asks again behind those waiting. Every late
+    /// admission is reported to [`Hooks::on_late_admission`]. Serialized
+    /// mode counts the gap from each completion, which lateness does not
+    /// shorten; admissions booked ahead (see [`book_ahead`](Self::book_ahead))
+    /// keep their slots. Not part of the configuration agreement (nor is
+    /// [`slot_margin`](Self::slot_margin)): replicas may differ in it, as it
+    /// shapes only this process's sends.
     pub fn max_lateness(mut self, lateness: Duration) -> Self {
         self.max_lateness = lateness;
         self
@@ -574,6 +594,7 @@ impl RedisLimiterBuilder {
                     weight: 1,
                     bucket_us: quota_buckets(pacing.quota(), window_us),
                     admitted_us: 0,
+                    room_us: 0,
                     patience_us: (concurrency_retry
                         + pacing.jitter()
                         + self.slot_margin
@@ -642,6 +663,7 @@ impl RedisLimiterBuilder {
                 closing: Notify::new(),
                 circuit: Circuit::new(),
                 calls: tokio::sync::Semaphore::new(MAX_CALLS),
+                release_calls: tokio::sync::Semaphore::new(MAX_CALLS),
                 registry: Registry::new(&self.prefix, &self.scope),
                 fallback_policy: self.fallback_policy,
                 expected_replicas: self.expected_replicas,
@@ -665,6 +687,7 @@ impl RedisLimiterBuilder {
                 round_trip: RoundTrip::default(),
                 max_lateness: self.max_lateness,
                 redis_clock: RedisClock::default(),
+                lateness: Lateness::new(self.lease_ttl / 2),
                 hooks: self.hooks,
                 lease_ttl_us,
                 args,
@@ -969,15 +992,18 @@ fn may_have_run(err: &Error) -> bool {
         .is_some_and(|e| e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
 }
 
-/// Acquire and release calls one limiter has in flight at once; more wait
-/// their turn in process. A crawl starts with one acquire per host: ten
-/// thousand at once from each of eight replicas kept Redis busy for
+/// Acquire calls one limiter has in flight at once, and release calls; more
+/// wait their turn in process. A crawl starts with one acquire per host:
+/// ten thousand at once from each of eight replicas kept Redis busy for
 /// seconds, and their replies outlasted the response timeout (500 ms by
 /// default), so the circuit opened and replicas paced alone for a moment.
 /// Sixty-four calls keep a replica's queue in Redis to a few milliseconds,
 /// and are far more than a process needs when the hosts' slots spread its
-/// calls out. (Renewals, penalties and the heartbeat are few, and go
-/// straight.)
+/// calls out. Releases (hand-backs and leaving the waiting line among them)
+/// take turns of their own: queued behind a crowd of acquires, a release
+/// kept its host booked (and those acquires waiting for it) for as long as
+/// the crowd took. Renewals, penalties and the heartbeat are few, and go
+/// straight.
 const MAX_CALLS: usize = 64;
 
 /// How long past the caller's deadline a call that started at it may take
@@ -1068,7 +1094,8 @@ impl Shared {
         // replicas; one that ends without an admission leaves it.
         let in_line = InLine::new(self, &keys, &token, &runtime, args);
         let mut retried_after_release = false;
-        let mut handed_back = 0;
+        // The room the last hand-back asked for, at least.
+        let mut room_floor = Duration::ZERO;
         loop {
             // A full host may be full of this process's own requests whose
             // releases are still on their way to Redis (sent after this
@@ -1099,6 +1126,13 @@ impl Shared {
                 report.abandon();
                 return Err(circuit_open(Op::Acquire));
             }
+            // Room after the slot for how late this process's sends leave.
+            let room = if args.sends_late() {
+                self.lateness.room().max(room_floor)
+            } else {
+                Duration::ZERO
+            };
+            args.room_us = u64::try_from(room.as_micros()).unwrap_or(u64::MAX);
             let booking = Booking::new(self, &keys, &token, &runtime, args, Some(&in_line));
             let horizon = self.horizon(policy, deadline);
             let asked = self.try_acquire(&keys, &token, args, horizon);
@@ -1117,39 +1151,31 @@ impl Shared {
                 Ok(Answer::Admitted { ahead, at_us }) => {
                     // Admitted, it left the line.
                     in_line.disarm();
-                    args.admitted_us = at_us;
-                    if ahead.is_zero() && args.sends_late() {
-                        let late = self.redis_clock.late(at_us, Instant::now());
-                        if late > self.max_lateness {
-                            let again = handed_back < LATE_HAND_BACKS;
-                            self.hooks.on_late_admission(&keys.gate, late, again);
-                            if again {
-                                handed_back += 1;
-                                let back = self.hand_back(&keys, &token, args, late, &runtime);
-                                let Some(back) = within(deadline, back).await else {
-                                    // The hand-back goes on without this caller.
-                                    let now = Instant::now();
-                                    return Err(report.over_budget(
-                                        now,
-                                        deadline.unwrap_or(now),
-                                        now,
-                                    ));
-                                };
-                                if let Err(err) = back {
-                                    // The runtime is shutting down.
-                                    if matches!(err, Error::Closed) {
-                                        return Err(report.fail(err));
-                                    }
-                                    self.hooks.on_error(Op::Acquire, &err);
-                                    tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
-                                    report.abandon();
-                                    return Err(err);
-                                }
-                                args.admitted_us = 0;
-                                continue;
+                    // Counted from the end of its room.
+                    args.admitted_us = at_us.saturating_add(args.room_us);
+                    if ahead.is_zero()
+                        && args.sends_late()
+                        && let Some(again) = self.late(&key, &keys, at_us, room)
+                    {
+                        room_floor = again;
+                        let back = self.hand_back(&keys, &token, args, &runtime);
+                        let Some(back) = within(deadline, back).await else {
+                            // The hand-back goes on without this caller.
+                            let now = Instant::now();
+                            return Err(report.over_budget(now, deadline.unwrap_or(now), now));
+                        };
+                        if let Err(err) = back {
+                            // The runtime is shutting down.
+                            if matches!(err, Error::Closed) {
+                                return Err(report.fail(err));
                             }
-                            tracing::warn!(host = %key, late_us = late.as_micros() as u64, "admitted too late again; sent late (this process is too busy to send on time)");
+                            self.hooks.on_error(Op::Acquire, &err);
+                            tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
+                            report.abandon();
+                            return Err(err);
                         }
+                        args.admitted_us = 0;
+                        continue;
                     }
                     // The next caller of this process may book the slot
                     // after this one while this one waits for its own.
@@ -1268,7 +1294,12 @@ impl Shared {
 
     /// See [`Limiter::close`].
     async fn close(&self, deadline: Option<Instant>) -> Result<(), Error> {
-        self.closed.store(true, Ordering::SeqCst);
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            let (late, handed_back) = self.lateness.totals();
+            if late > 0 {
+                tracing::info!(scope = %self.scope, late, handed_back, "closing: admissions that reached this process late over its life (handed_back of them asked for again)");
+            }
+        }
         self.closing.notify_waiters();
         // Wakes the acquires queued in this process with `Closed` too.
         for queue in [&self.local, &self.pollers, &self.heavy_pollers] {
@@ -1306,9 +1337,8 @@ impl Shared {
         args: Args,
         horizon: Duration,
     ) -> Result<Answer, Error> {
-        let sent = Instant::now();
-        let reply = ACQUIRE
-            .run::<AcquireReply>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
+        let (reply, sent) = ACQUIRE
+            .run_timed::<AcquireReply>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
                     .arg(args.min_delay_us)
                     .arg(args.cap)
@@ -1320,19 +1350,19 @@ impl Shared {
                     .arg(horizon.as_micros() as u64)
                     .arg(args.bucket_us)
                     // Heavier requests stay out of the line (best fit).
-                    .arg(if args.weight > 1 { 0 } else { args.patience_us });
+                    .arg(if args.weight > 1 { 0 } else { args.patience_us })
+                    .arg(args.room_us);
             })
-            .await
-            .map(|reply| reply.0);
+            .await;
+        let reply = reply.map(|reply| reply.0);
         self.circuit.observe(&reply);
         if let Ok(reply) = &reply {
-            let rtt = sent.elapsed();
-            self.round_trip.observe(rtt);
-            let read = match reply[..] {
-                [1, now, _] => u64::try_from(now).ok(),
-                _ => None,
-            };
-            self.redis_clock.observe(sent, read, rtt);
+            self.round_trip.observe(sent.elapsed());
+            if let [1, now, _] = reply[..]
+                && let Ok(now) = u64::try_from(now)
+            {
+                self.redis_clock.observe(sent, now);
+            }
         }
         let reply = reply.map_err(|e| unavailable(Op::Acquire, e))?;
         match reply[..] {
@@ -1425,7 +1455,46 @@ impl Shared {
         }
     }
 
-    /// Hands back `token`'s admission, which reached its caller `late`
+    /// An admission made at `at_us` (Redis clock) with `room` for its
+    /// lateness reached its caller now: `None` when it is sent, else the
+    /// room to ask for again once it is handed back (see `lateness.rs`).
+    /// Lateness beyond `max_lateness` widens this process's room, reaches
+    /// the hooks, and is logged at most once a minute, with counts.
+    fn late(
+        &self,
+        host: &HostKey,
+        keys: &RedisKeys,
+        at_us: u64,
+        room: Duration,
+    ) -> Option<Duration> {
+        let late = self.redis_clock.late(at_us, Instant::now());
+        if late <= self.max_lateness {
+            return None;
+        }
+        self.lateness.seen(late);
+        let verdict = verdict(late, room, self.max_lateness, self.lateness.most());
+        let again = match verdict {
+            Verdict::Send => None,
+            Verdict::HandBack { room } => Some(room),
+        };
+        self.hooks
+            .on_late_admission(&keys.gate, late, again.is_some());
+        tracing::debug!(%host, late_us = late.as_micros() as u64, room_us = room.as_micros() as u64, handed_back = again.is_some(), "admission reached its caller late");
+        if let Some(r) = self.lateness.note(host.as_str(), late, again.is_some()) {
+            tracing::warn!(
+                late = r.late,
+                handed_back = r.handed_back,
+                worst_ms = r.worst.as_millis() as u64,
+                worst_host = %r.worst_key,
+                over_s = r.over.as_secs(),
+                room_ms = self.lateness.room().as_millis() as u64,
+                "admissions reach this process late (it is busy): each acquire keeps room after its slot for its lateness, which slows its hosts' pace by as much; one later than its room is handed back unsent and asked for again (reported at most once a minute, counts since the last report)"
+            );
+        }
+        again
+    }
+
+    /// Hands back `token`'s admission, which reached its caller too late
     /// (see [`RedisLimiterBuilder::max_lateness`]): abandoned as a request
     /// never sent, on a task of its own, so that it lands even when the
     /// caller goes away meanwhile; the caller asks again under the same
@@ -1439,10 +1508,8 @@ impl Shared {
         keys: &Arc<RedisKeys>,
         token: &Arc<str>,
         args: Args,
-        late: Duration,
         runtime: &Handle,
     ) -> impl Future<Output = Result<(), Error>> + use<> {
-        tracing::debug!(gate = %keys.gate, late_us = late.as_micros() as u64, "admitted too late to send; handed back");
         let pending = Pending::new(self);
         let (answer, answered) = tokio::sync::oneshot::channel();
         let (shared, keys, token) = (Arc::clone(self), Arc::clone(keys), Arc::clone(token));
@@ -1494,8 +1561,9 @@ impl Shared {
         abandoned: bool,
         args: Args,
     ) -> Result<i64, QueryError> {
-        // A turn, like an acquire's: releases come in crowds too.
-        let _turn = self.calls.acquire().await;
+        // A turn of the releases' own (see MAX_CALLS): releases come in
+        // crowds too, but never queue behind acquires.
+        let _turn = self.release_calls.acquire().await;
         RELEASE
             .run::<i64>(&self.redis, &keys.all(), |cmd: &mut Cmd| {
                 cmd.arg(token)
@@ -1855,190 +1923,12 @@ impl<'a> Booking<'a> {
     }
 }
 
-/// How many admissions in a row an acquire hands back for reaching it too
-/// late (see [`RedisLimiterBuilder::max_lateness`]) before it sends one
-/// however late: a process too busy ever to be on time still sends.
-const LATE_HAND_BACKS: u32 = 2;
-
 impl Args {
     /// Whether a send that leaves late can come too close to the next one
     /// (a gap between sends, or a quota's window); in serialized mode the
     /// gap counts from each completion.
     fn sends_late(&self) -> bool {
         (self.cap != 0 && self.min_delay_us > 0) || self.quota > 0
-    }
-}
-
-/// Where this process's clock stands against Redis `TIME`, and how late an
-/// answer arrives at best. A script runs after its call was sent, so the
-/// Redis time an admission read, less the local time its call was sent,
-/// is at least the offset (Redis minus here); the least of these is the
-/// tightest bound, above the offset by about the shortest way a call
-/// takes to Redis. Against that bound an answer arriving at once after
-/// its script still looks late by about a round trip; what counts is the
-/// lateness beyond the quickest acquire call's round trip, which every
-/// replica's answers take as well (until a quick call is seen, as after
-/// the first one, which loads the script, lateness errs towards "on
-/// time"). Only the calls of the last one or two
-/// [`CLOCK_WINDOW`]s count, so that a Redis clock that stepped (a failover
-/// to a node whose clock differs, an NTP step) or a path that changed is
-/// followed within two windows. An admission's own call is folded in
-/// before its lateness is reckoned, so the lateness is never put above
-/// that call's own round trip less the quickest. With several Redis clocks
-/// (a Cluster) the bound follows the one furthest behind, and the lateness
-/// it gives errs towards "on time" for the others.
-#[derive(Debug)]
-pub(super) struct RedisClock {
-    base: Instant,
-    /// The bound so far; `None` before the first admission.
-    bound: std::sync::Mutex<Option<ClockBound>>,
-}
-
-/// The least of one window's calls, in µs: the offset (of admissions;
-/// `None` when none was seen) and the round trip (of acquire calls).
-#[derive(Debug, Clone, Copy)]
-struct Least {
-    offset: Option<i64>,
-    rtt: i64,
-}
-
-impl Least {
-    /// The least of `self` and `other`, field by field.
-    fn and(self, other: Least) -> Least {
-        Least {
-            offset: self.offset.into_iter().chain(other.offset).min(),
-            rtt: self.rtt.min(other.rtt),
-        }
-    }
-}
-
-/// The least seen in the current window and in the one before it (if it
-/// was the window just before; after a quiet spell, only the last round
-/// trip seen), and when (µs after [`RedisClock::base`]) the current one
-/// began.
-#[derive(Debug, Clone, Copy)]
-struct ClockBound {
-    current: Least,
-    previous: Option<Least>,
-    since: i64,
-}
-
-impl ClockBound {
-    /// The least of both windows.
-    fn least(&self) -> Least {
-        self.previous
-            .map_or(self.current, |previous| previous.and(self.current))
-    }
-}
-
-/// How long (µs) a window of [`RedisClock`] lasts.
-const CLOCK_WINDOW: i64 = 10_000_000;
-
-impl Default for RedisClock {
-    fn default() -> Self {
-        Self {
-            base: Instant::now(),
-            bound: std::sync::Mutex::new(None),
-        }
-    }
-}
-
-impl RedisClock {
-    fn local_us(&self, at: Instant) -> i64 {
-        i64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(i64::MAX)
-    }
-
-    /// Folds in an acquire call sent at `sent` and answered `rtt` later,
-    /// whose script read `redis_us` on the Redis clock if it admitted.
-    fn observe(&self, sent: Instant, redis_us: Option<u64>, rtt: Duration) {
-        let at = self.local_us(sent);
-        let seen = Least {
-            offset: redis_us.map(|us| i64::try_from(us).unwrap_or(i64::MAX).saturating_sub(at)),
-            rtt: i64::try_from(rtt.as_micros()).unwrap_or(i64::MAX),
-        };
-        let mut bound = self
-            .bound
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *bound = Some(match *bound {
-            Some(b) if at.saturating_sub(b.since) < CLOCK_WINDOW => ClockBound {
-                current: b.current.and(seen),
-                ..b
-            },
-            // A new window; the one that ended counts on if it was the
-            // last. After a quiet spell its round trip still does: a
-            // spell without calls says nothing about the path.
-            Some(b) => ClockBound {
-                current: seen,
-                previous: Some(if at.saturating_sub(b.since) < 2 * CLOCK_WINDOW {
-                    b.current
-                } else {
-                    Least {
-                        offset: None,
-                        rtt: b.least().rtt,
-                    }
-                }),
-                since: at,
-            },
-            None => ClockBound {
-                current: seen,
-                previous: None,
-                since: at,
-            },
-        });
-    }
-
-    /// At most how late `now` is after `redis_us` on the Redis clock,
-    /// beyond the quickest call's round trip (zero before any admission
-    /// was seen).
-    fn late(&self, redis_us: u64, now: Instant) -> Duration {
-        let bound = *self
-            .bound
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(Least {
-            offset: Some(offset),
-            rtt,
-        }) = bound.map(|b| b.least())
-        else {
-            return Duration::ZERO;
-        };
-        let late = self
-            .local_us(now)
-            .saturating_add(offset)
-            .saturating_sub(i64::try_from(redis_us).unwrap_or(i64::MAX))
-            .saturating_sub(rtt);
-        Duration::from_micros(u64::try_from(late).unwrap_or(0))
-    }
-}
-
-/// A running estimate of the round trip of a script call (local clock).
-#[derive(Debug, Default)]
-pub(super) struct RoundTrip(AtomicU64);
-
-impl RoundTrip {
-    /// Folds in one call's round trip (an eighth of the weight), counted
-    /// as at most four times the estimate: one reply held up (a busy
-    /// process, a stalled path) must not make every waiter ask early, and
-    /// again and again, until the estimate comes down; a lasting rise is
-    /// followed within a dozen calls.
-    fn observe(&self, rtt: Duration) {
-        let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                let new = if old == 0 {
-                    us
-                } else {
-                    old - old / 8 + us.min(old.saturating_mul(4)) / 8
-                };
-                Some(new.max(1))
-            });
-    }
-
-    /// The estimate (zero before the first call).
-    fn get(&self) -> Duration {
-        Duration::from_micros(self.0.load(Ordering::Relaxed))
     }
 }
 
@@ -2129,132 +2019,5 @@ impl Drop for InLine {
         self.runtime.spawn(async move {
             shared.leave(&keys, &token, args).await;
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const US: Duration = Duration::from_micros(1);
-
-    /// Redis's clock here: `offset` µs ahead of `base`'s (as µs).
-    fn redis_at(clock: &RedisClock, at: Instant, offset: i64) -> u64 {
-        (clock.local_us(at) + offset) as u64
-    }
-
-    /// One call to Redis: it takes `to` to reach Redis, whose clock is
-    /// `offset` µs ahead, and `back` to be answered; the Redis time its
-    /// script read. Folded into `clock` as the limiter does.
-    async fn call(clock: &RedisClock, offset: i64, to: Duration, back: Duration) -> u64 {
-        let sent = Instant::now();
-        tokio::time::advance(to).await;
-        let read = redis_at(clock, Instant::now(), offset);
-        tokio::time::advance(back).await;
-        clock.observe(sent, Some(read), sent.elapsed());
-        read
-    }
-
-    /// Redis's clock, well ahead of this one's base (so that it never
-    /// reads below zero).
-    const OFFSET: i64 = 60_000_000;
-
-    #[tokio::test(start_paused = true)]
-    async fn lateness_is_what_an_answer_takes_beyond_the_quickest() {
-        let clock = RedisClock::default();
-        // Calls of 300 µs each way, then one of 20 and 40 (the quickest).
-        call(&clock, OFFSET, 300 * US, 300 * US).await;
-        call(&clock, OFFSET, 20 * US, 40 * US).await;
-        assert_eq!(
-            clock.late(redis_at(&clock, Instant::now(), OFFSET), Instant::now()),
-            Duration::ZERO
-        );
-        // An answer that takes 3 ms to come back is late by that less
-        // the quickest answer's way back (40 µs).
-        let admitted = call(&clock, OFFSET, 20 * US, 3_000 * US).await;
-        assert_eq!(clock.late(admitted, Instant::now()), 2_960 * US);
-        // A Redis far away (2 ms each way) is late by nothing of that:
-        // every replica's answers take as long.
-        let far = RedisClock::default();
-        for _ in 0..3 {
-            let admitted = call(&far, OFFSET, 2_000 * US, 2_000 * US).await;
-            assert_eq!(far.late(admitted, Instant::now()), Duration::ZERO);
-        }
-        // Nothing seen yet, or only calls told to wait: nothing is late.
-        let fresh = RedisClock::default();
-        assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
-        fresh.observe(Instant::now(), None, 100 * US);
-        assert_eq!(fresh.late(0, Instant::now()), Duration::ZERO);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_answer_held_up_after_a_quiet_spell_is_late() {
-        let clock = RedisClock::default();
-        call(&clock, OFFSET, 50 * US, 50 * US).await;
-        // A minute without a call, then one whose answer is held 40 ms:
-        // the quick path seen before the spell is still the measure.
-        tokio::time::advance(Duration::from_secs(60)).await;
-        let admitted = call(&clock, OFFSET, 50 * US, 40_000 * US).await;
-        assert_eq!(clock.late(admitted, Instant::now()), 39_950 * US);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_first_call_is_not_the_measure_once_a_quick_one_is_seen() {
-        let clock = RedisClock::default();
-        // The first call loads the script and takes 90 ms: against it,
-        // an answer 40 ms late passes for on time ...
-        call(&clock, OFFSET, 45_000 * US, 45_000 * US).await;
-        let admitted = call(&clock, OFFSET, 20 * US, 40_000 * US).await;
-        assert_eq!(clock.late(admitted, Instant::now()), Duration::ZERO);
-        // ... until a quick call, told to wait, shows the path as it is.
-        let sent = Instant::now();
-        tokio::time::advance(100 * US).await;
-        clock.observe(sent, None, 100 * US);
-        let admitted = call(&clock, OFFSET, 20 * US, 40_000 * US).await;
-        assert_eq!(clock.late(admitted, Instant::now()), 39_920 * US);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_clock_that_stepped_is_followed_within_two_windows() {
-        let clock = RedisClock::default();
-        let window = Duration::from_micros(CLOCK_WINDOW as u64);
-        let quick = 50 * US;
-        call(&clock, OFFSET, quick, quick).await;
-        // Redis's clock steps back 5 ms: the next call shows it at once,
-        // and its own answer, as quick as ever, is not taken for late.
-        let admitted = call(&clock, OFFSET - 5_000, quick, quick).await;
-        assert_eq!(clock.late(admitted, Instant::now()), Duration::ZERO);
-        // Then forward 5 ms again. While the low bound still counts, a
-        // reply 3 ms late is taken for on time (never the other way
-        // round) ...
-        let late_by = |clock: &RedisClock| {
-            let now = Instant::now();
-            let read = redis_at(clock, now - 3 * Duration::from_millis(1), OFFSET);
-            clock.late(read, now)
-        };
-        call(&clock, OFFSET, quick, quick).await;
-        assert_eq!(late_by(&clock), Duration::ZERO);
-        tokio::time::advance(window).await;
-        call(&clock, OFFSET, quick, quick).await;
-        assert_eq!(late_by(&clock), Duration::ZERO);
-        // ... and two windows on, it is late by the 3 ms less the quickest
-        // answer's way back.
-        tokio::time::advance(window).await;
-        call(&clock, OFFSET, quick, quick).await;
-        assert_eq!(late_by(&clock), 3_000 * US - quick);
-    }
-
-    #[test]
-    fn one_slow_reply_barely_moves_the_round_trip() {
-        let rtt = RoundTrip::default();
-        rtt.observe(200 * US);
-        // Held up 40 ms: counted as four times the estimate.
-        rtt.observe(Duration::from_millis(40));
-        assert_eq!(rtt.get(), 275 * US);
-        // A lasting rise is followed.
-        for _ in 0..12 {
-            rtt.observe(Duration::from_millis(2));
-        }
-        assert!(rtt.get() > Duration::from_millis(1), "{:?}", rtt.get());
     }
 }

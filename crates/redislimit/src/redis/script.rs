@@ -4,6 +4,7 @@
 use std::sync::LazyLock;
 
 use deadpool_redis::redis::{self, Cmd, FromRedisValue, ParsingError, Value};
+use tokio::time::Instant;
 
 use super::pool::{Connections, QueryError};
 
@@ -33,15 +34,30 @@ impl LuaScript {
         keys: &[&str],
         args: impl Fn(&mut Cmd),
     ) -> Result<T, QueryError> {
+        self.run_timed(redis, keys, args).await.0
+    }
+
+    /// [`run`](Self::run), and when the call that ran it was sent (the
+    /// EVAL, after a NOSCRIPT).
+    pub(crate) async fn run_timed<T: FromRedisValue>(
+        &self,
+        redis: &Connections,
+        keys: &[&str],
+        args: impl Fn(&mut Cmd),
+    ) -> (Result<T, QueryError>, Instant) {
         let call = |name: &str, body: &str| {
             let mut cmd = redis::cmd(name);
             cmd.arg(body).arg(keys.len()).arg(keys);
             args(&mut cmd);
             cmd
         };
+        let sent = Instant::now();
         match redis.query(&call("EVALSHA", &self.sha)).await {
-            Err(err) if err.is_noscript() => redis.query(&call("EVAL", self.source)).await,
-            result => result,
+            Err(err) if err.is_noscript() => {
+                let sent = Instant::now();
+                (redis.query(&call("EVAL", self.source)).await, sent)
+            }
+            result => (result, sent),
         }
     }
 }

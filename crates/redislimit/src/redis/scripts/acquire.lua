@@ -28,6 +28,11 @@
 --         request heavier than 1), else how long (µs) after the wait it is
 --         told it will have asked again at the latest; it keeps its place
 --         in line until then
+-- ARGV[12] room: how late (µs) after its slot the caller's send may leave,
+--         as its process measured its own lateness: an admission counts as
+--         sent at the end of it for the quota, and in lease mode with a
+--         min_delay the next send waits min_delay after it (0 in serialized
+--         mode, where the gap counts from each completion)
 --
 -- Returns `now` (an integer, the Redis clock in µs) when admitted at once,
 -- {1, now, ahead} when booked for a send in `ahead` µs (the slot is booked
@@ -172,13 +177,19 @@ end
 local soon = math.max(wait, 0)
 local at = now + soon
 local before = nxt
-nxt = math.max(nxt, at + min_delay)
+-- A send may leave up to `room` after its slot: it counts from the end of it.
+local room = num(ARGV[12])
+local gap_room = 0
+if cap ~= 0 and min_delay > 0 then
+  gap_room = room
+end
+nxt = math.max(nxt, at + min_delay + gap_room)
 book(gate, leases, token, cap, nxt, now, at, lease_ttl, min_delay, weight, before, in_flight == 0)
 if quota > 0 and width > 0 then
-  bucket_add(admits, at, weight, width, window, now, stale)
+  bucket_add(admits, at + room, weight, width, window, now, stale)
 elseif quota > 0 then
-  zadd_all(admits, int(at), token, weight)
-  extend(admits, at + window - now, counted == 0)
+  zadd_all(admits, int(at + room), token, weight)
+  extend(admits, at + room + window - now, counted == 0)
 end
 if soon == 0 then
   return now
