@@ -81,10 +81,11 @@ pub struct Args {
     /// Redis; the pace loses about this much per admission.
     #[arg(long, requires = "shared", value_parser = parse_duration, default_value = "100us")]
     pub slot_margin: Duration,
-    /// With Redis: an admission that reaches this process later than this
-    /// after Redis made it is handed back and asked for again, not sent
-    /// late (lease mode with a --min-delay, or a --quota); a long one,
-    /// such as 1h, turns this off.
+    /// With Redis: how late an admission may reach this process beyond the
+    /// room kept after its slot for this process's recent lateness (lease
+    /// mode with a --min-delay, or a --quota); a later one is handed back
+    /// and asked for again, not sent late. A long one, such as 1h, turns
+    /// this off (and keeps no room).
     #[arg(long, requires = "shared", value_parser = parse_lateness, default_value = "2ms")]
     pub max_lateness: Duration,
     /// With Redis: a waiter within this of its host's slot is booked for

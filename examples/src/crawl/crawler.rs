@@ -106,6 +106,81 @@ impl SlotGate {
     }
 }
 
+/// The crawl's `--concurrency` slots, and how a URL may ask for its host's
+/// turn. An admission is only worth having when it can be sent at once: one
+/// that finds every slot busy is handed back, which costs the limiter (with
+/// Redis, a script call) as much as the admission did. So a URL asks without
+/// a slot only while fewer URLs ask that way than there are free slots, and
+/// otherwise takes a slot first and asks holding it. With many hosts and few
+/// slots the crawl then asks once per request; with few hosts, whose turns
+/// bind, URLs wait for their turns holding no slot, as before.
+#[derive(Debug)]
+struct Slots {
+    free: Arc<Semaphore>,
+    /// URLs waiting for their hosts' turns without a slot.
+    asking: AtomicUsize,
+}
+
+/// How one attempt asks for its host's turn (see [`Slots`]).
+enum Ask {
+    /// Without a slot; counted among those asking until dropped.
+    Free(Asking),
+    /// Holding this slot.
+    Holding(OwnedSemaphorePermit),
+}
+
+/// One URL counted as asking without a slot, until dropped.
+struct Asking(Arc<Slots>);
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.asking.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Slots {
+    fn new(concurrency: usize) -> Arc<Self> {
+        Arc::new(Self {
+            free: Arc::new(Semaphore::new(concurrency)),
+            asking: AtomicUsize::new(0),
+        })
+    }
+
+    /// Counts one more URL asking without a slot, when fewer ask that way
+    /// than there are slots free.
+    fn try_ask_free(self: &Arc<Self>) -> Option<Asking> {
+        let mut asking = self.asking.load(Ordering::Acquire);
+        loop {
+            if asking >= self.free.available_permits() {
+                return None;
+            }
+            match self.asking.compare_exchange_weak(
+                asking,
+                asking + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(Asking(Arc::clone(self))),
+                Err(now) => asking = now,
+            }
+        }
+    }
+
+    /// How the next attempt asks: without a slot when one is likely free
+    /// once it is admitted, else holding one (waiting for it first). `None`
+    /// when the slots are closed.
+    async fn ask(self: &Arc<Self>) -> Option<Ask> {
+        if let Some(asking) = self.try_ask_free() {
+            return Some(Ask::Free(asking));
+        }
+        Arc::clone(&self.free)
+            .acquire_owned()
+            .await
+            .ok()
+            .map(Ask::Holding)
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -389,7 +464,7 @@ impl Crawler {
             ProgressBar::hidden()
         };
         let counters = Arc::new(Progress::default());
-        let slots = Arc::new(Semaphore::new(self.concurrency));
+        let slots = Slots::new(self.concurrency);
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut queues = by_host(urls);
         if !self.priorities.is_empty() {
@@ -471,7 +546,7 @@ impl Crawler {
         self,
         host: String,
         mut queue: VecDeque<Url>,
-        slots: Arc<Semaphore>,
+        slots: Arc<Slots>,
         tx: mpsc::UnboundedSender<Fetched>,
         counters: Arc<Progress>,
     ) {
@@ -519,8 +594,22 @@ impl Crawler {
                 {
                     break 'urls;
                 }
+                // Without a slot kept from the last attempt, ask as `Slots`
+                // says: holding a slot when they are scarce.
+                let mut asking = None;
+                if slot.is_none() {
+                    let ask = tokio::select! {
+                        ask = slots.ask() => ask,
+                        () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
+                    };
+                    match ask {
+                        Some(Ask::Free(free)) => asking = Some(free),
+                        Some(Ask::Holding(held)) => slot = Some(held),
+                        None => break 'urls,
+                    }
+                }
                 let probe = slot.is_some();
-                let gate = SlotGate::new(&slots, slot.take());
+                let gate = SlotGate::new(&slots.free, slot.take());
                 let (admitted_tx, admitted_rx) = oneshot::channel();
                 let this = self.clone();
                 let attempt_url = url.clone();
@@ -540,6 +629,8 @@ impl Crawler {
                         break 'urls;
                     }
                 };
+                // Admitted (holding a slot now) or done asking.
+                drop(asking);
                 if admitted {
                     let (tx, counters) = (tx.clone(), Arc::clone(&counters));
                     let max_penalty = self.max_penalty;
@@ -565,7 +656,7 @@ impl Crawler {
                     }
                     Ok(Attempt::NoSlot) => {
                         slot = tokio::select! {
-                            slot = Arc::clone(&slots).acquire_owned() => slot.ok(),
+                            slot = Arc::clone(&slots.free).acquire_owned() => slot.ok(),
                             () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
                         };
                     }
@@ -583,7 +674,7 @@ impl Crawler {
         &self,
         robots: &RobotsOptions,
         first: &Url,
-        slots: &Arc<Semaphore>,
+        slots: &Arc<Slots>,
         stop: &mut watch::Receiver<StopLevel>,
     ) -> Option<Rules> {
         let url = robots_url(first);
@@ -614,10 +705,18 @@ impl Crawler {
 
     /// GETs `url` (taking a slot to send, as every request), and reads at
     /// most [`ROBOTS_MAX_BYTES`] of its body.
-    async fn get_small(&self, url: &Url, slots: &Arc<Semaphore>) -> Result<(u16, Vec<u8>), String> {
+    async fn get_small(&self, url: &Url, slots: &Arc<Slots>) -> Result<(u16, Vec<u8>), String> {
         let mut slot = None;
         loop {
-            let gate = SlotGate::new(slots, slot.take());
+            let mut asking = None;
+            if slot.is_none() {
+                match slots.ask().await {
+                    Some(Ask::Free(free)) => asking = Some(free),
+                    Some(Ask::Holding(held)) => slot = Some(held),
+                    None => return Err("the crawl's slots are closed".to_owned()),
+                }
+            }
+            let gate = SlotGate::new(&slots.free, slot.take());
             let mut extensions = Extensions::new();
             extensions.insert(gate.clone());
             let request = self
@@ -629,10 +728,11 @@ impl Crawler {
                 .client
                 .execute_with_extensions(request, &mut extensions)
                 .await;
+            drop(asking);
             let response = match result {
                 Ok(response) => response,
                 Err(err) if NotSent::is(&err) => {
-                    slot = Arc::clone(slots).acquire_owned().await.ok();
+                    slot = Arc::clone(&slots.free).acquire_owned().await.ok();
                     continue;
                 }
                 Err(err) => return Err(error_chain(&err)),
