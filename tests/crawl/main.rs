@@ -9,6 +9,7 @@ mod budgets;
 mod cli;
 mod failover;
 mod faults;
+mod lateness;
 mod lifecycle;
 mod metrics;
 mod modes;
@@ -93,6 +94,20 @@ pub(crate) fn spawn_with_env(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Replica {
+    spawn_resolving(dir, n, upstream, urls, extra, env, &[])
+}
+
+/// [`spawn_with_env`], with `hosts` resolved to the upstream's address
+/// beside [`RESOLVED`].
+pub(crate) fn spawn_resolving(
+    dir: &Path,
+    n: usize,
+    upstream: &Upstream,
+    urls: &[String],
+    extra: &[&str],
+    env: &[(&str, &str)],
+    hosts: &[&str],
+) -> Replica {
     let list = dir.join(format!("urls-{n}.txt"));
     std::fs::write(&list, urls.join("\n")).unwrap();
     let report = dir.join(format!("report-{n}.jsonl"));
@@ -102,7 +117,7 @@ pub(crate) fn spawn_with_env(
     if !extra.contains(&"--concurrency") {
         cmd.args(["--concurrency", "8"]);
     }
-    for host in RESOLVED {
+    for host in RESOLVED.iter().chain(hosts) {
         cmd.args(["--resolve", &format!("{host}:{}", upstream.addr().ip())]);
     }
     cmd.envs(env.iter().copied());
@@ -194,10 +209,23 @@ pub(crate) fn spawn_all(
     n: usize,
     args: &[&str],
 ) -> Vec<Replica> {
+    spawn_all_resolving(dir, upstream, urls, n, args, &[])
+}
+
+/// [`spawn_all`], with `hosts` resolved to the upstream's address beside
+/// [`RESOLVED`].
+pub(crate) fn spawn_all_resolving(
+    dir: &Path,
+    upstream: &Upstream,
+    urls: &[String],
+    n: usize,
+    args: &[&str],
+    hosts: &[&str],
+) -> Vec<Replica> {
     deal(urls, n)
         .iter()
         .enumerate()
-        .map(|(i, hand)| spawn(dir, i, upstream, hand, args))
+        .map(|(i, hand)| spawn_resolving(dir, i, upstream, hand, args, &[], hosts))
         .collect()
 }
 

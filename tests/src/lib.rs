@@ -11,7 +11,8 @@
 //!   test runs beside the real scripts;
 //! - [`Upstream`]: a real HTTP server on loopback that serves any host name and records
 //!   when each request arrived and when its response ended;
-//! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries, one way or both (a stalled connection), or cut it;
+//! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries, one way or both (a stalled connection), delay its replies, or cut it;
+//! - [`Nginx`]: a real nginx whose `limit_req` and `limit_conn` judge the clients in front of it;
 //! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when
@@ -23,6 +24,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod model;
+mod nginx;
 mod port;
 mod proxy;
 pub mod record;
@@ -35,6 +37,11 @@ mod upstream;
 mod wait;
 
 pub use self::{
-    proxy::StallProxy, redis_cluster::RedisCluster, redis_sentinel::RedisSentinel,
-    redis_server::RedisServer, tls::TestCa, upstream::Upstream,
+    nginx::{Logged, Nginx, NginxConfig},
+    proxy::StallProxy,
+    redis_cluster::RedisCluster,
+    redis_sentinel::RedisSentinel,
+    redis_server::RedisServer,
+    tls::TestCa,
+    upstream::Upstream,
 };
