@@ -1,8 +1,11 @@
 //! Clock skew: replicas whose wall clocks are wrong, one an hour ahead and
-//! one a minute behind, crawl alongside replicas whose clocks are right,
-//! and the invariants of lease and serialized mode hold at the upstream,
-//! as does the lease of a skewed replica killed mid-request, because
-//! Redis's clock (`TIME` inside the scripts) decides, not the replicas'.
+//! one a minute behind, crawl alongside two replicas whose clocks are
+//! right, and the invariants of lease and serialized mode hold at the
+//! upstream, as does the lease of a skewed replica killed mid-request,
+//! because Redis's clock (`TIME` inside the scripts) decides, not the
+//! replicas'. A replica alone at 30 s or an hour behind, or an hour ahead,
+//! keeps its pace too: the lateness of its admissions is measured against
+//! Redis's clock through Tokio's monotonic one, never its wall clock.
 //!
 //! The wrong clocks come from libfaketime (Debian package `faketime`),
 //! preloaded into the crawl process with `FAKETIME=+1h` or `FAKETIME=-1m`.
@@ -37,12 +40,13 @@ const AHEAD: (&str, i64) = ("+1h", 3_600_000);
 /// A clock a minute behind.
 const BEHIND: (&str, i64) = ("-1m", -60_000);
 
-/// The clocks of the replicas of a run, by replica number: two skewed,
-/// one right. Three processes, as in the other multi-replica tests: with
-/// four starting at once on two shared cores, the first requests of the
-/// earliest arrived up to 60 ms after the crawl stamped them (the later
-/// ones were still starting), beyond what the spacing checks allow.
-const CLOCKS: [Option<(&str, i64)>; 3] = [Some(AHEAD), Some(BEHIND), None];
+/// The clocks of the replicas of a mixed run, by replica number: two
+/// skewed, two right.
+const CLOCKS: [Option<(&str, i64)>; 4] = [Some(AHEAD), Some(BEHIND), None, None];
+
+/// The clocks a replica runs with alone: 30 s and an hour behind, an hour
+/// ahead.
+const LONE: [(&str, i64); 3] = [("-30s", -30_000), ("-1h", -3_600_000), AHEAD];
 
 /// How far a replica's report may be from the test's clock (plus the
 /// offset): the report stamps milliseconds, the test reads its clock
@@ -191,6 +195,49 @@ async fn skewed_clocks_keep_the_lease_cap_and_gap() {
         );
         let gap = min_send_gap(&seen);
         assert!(gap + SLACK >= 50 * MS, "{host}: sends {gap:?} apart");
+    }
+}
+
+/// One replica alone, its wall clock 30 s or an hour behind, or an hour
+/// ahead: it sends at its pace in lease mode (where a late admission could
+/// come too close to the next), every gap kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_replica_with_a_skewed_clock_keeps_its_pace() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    for (n, (skew, offset)) in LONE.into_iter().enumerate() {
+        let host = HOSTS[n];
+        let list = urls(&upstream, &[host], 12, "/slow?chunks=1&every=20");
+        let args = [
+            "--redis",
+            &server.url(),
+            "--min-delay",
+            "50ms",
+            "--cluster-concurrency",
+            "2",
+            "--max-concurrent",
+            "2",
+            "--lease-ttl",
+            "5s",
+        ];
+        let dir = tempdir();
+        let before = now_ms();
+        let replica = spawn_skewed(dir.path(), 0, &upstream, &list, &args, Some(skew));
+        let report = replica.report.clone();
+        let lines = finish(vec![replica]).await;
+        assert_clocks(&[(report, offset)], before, now_ms());
+        for line in &lines {
+            assert_eq!(line["status"], 200, "{line}");
+        }
+        let seen = upstream.recorder().host(host);
+        assert_eq!(seen.len(), 12, "{host} at {skew}");
+        assert!(max_in_flight(&seen) <= 2, "{host} at {skew}");
+        let gap = min_send_gap(&seen);
+        assert!(
+            gap + SLACK >= 50 * MS,
+            "a replica at {skew} sent {host} {gap:?} apart"
+        );
     }
 }
 
