@@ -7,6 +7,7 @@
 //! loopback by this package's harness.
 
 mod fairness;
+mod fleet;
 mod middleware;
 mod redis_cost;
 mod saturation;
@@ -146,6 +147,9 @@ fn main() {
         }
         if wanted("middleware") {
             figures.extend(middleware::run().await);
+        }
+        if wanted("fleet") {
+            figures.extend(fleet::run_figures().await);
         }
     });
     if let Some(dir) = out.parent() {
