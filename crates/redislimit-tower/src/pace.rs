@@ -3,6 +3,7 @@
 pub mod future;
 mod layer;
 mod service;
+mod settings;
 
 pub use self::layer::PaceLayer;
 pub use self::service::Pace;

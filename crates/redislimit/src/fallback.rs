@@ -9,8 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::hooks::WaitReport;
-use crate::limiter::{Unsent, heaviest};
+use crate::limiter::heaviest;
 use crate::pacing::after;
+use crate::permit::Unsent;
 use crate::snapshot::{PacedBy, Snapshot, TopHosts};
 use crate::{
     BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit,

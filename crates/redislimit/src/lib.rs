@@ -72,6 +72,7 @@ mod local;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod pacing;
+mod permit;
 mod policy;
 #[cfg(feature = "redis")]
 mod redis;
@@ -91,9 +92,10 @@ pub use self::{
     fallback::FallbackLimiter,
     hooks::{Hooks, NoHooks, WaitOutcome},
     key::HostKey,
-    limiter::{BackoffStep, BoxFuture, Limiter, Permit, RequestPacing},
+    limiter::{BackoffStep, BoxFuture, Limiter, RequestPacing},
     local::DomainLimiter,
     pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
+    permit::Permit,
     policy::{KeyBy, Policies, Rule},
     snapshot::{HostSnapshot, PacedBy, Snapshot},
 };

@@ -12,7 +12,7 @@ use redislimit::{BoxFuture, Error, HostKey, Permit, RequestPacing};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
-use super::layer::Settings;
+use super::settings::Settings;
 
 pin_project_lite::pin_project! {
     /// The response future of [`Pace`](super::Pace).

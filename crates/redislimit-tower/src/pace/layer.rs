@@ -9,7 +9,8 @@ use redislimit::Limiter;
 use redislimit::http::PaceOptions;
 use tower::Layer;
 
-use super::Pace;
+use super::service::Pace;
+use super::settings::Settings;
 
 /// Applies per-host pacing to a service; see [`Pace`].
 ///
@@ -23,11 +24,6 @@ use super::Pace;
 #[derive(Clone)]
 pub struct PaceLayer {
     pub(crate) settings: Arc<Settings>,
-}
-
-pub(crate) struct Settings {
-    pub(crate) limiter: Arc<dyn Limiter>,
-    pub(crate) options: PaceOptions,
 }
 
 impl PaceLayer {

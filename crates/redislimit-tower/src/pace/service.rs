@@ -10,7 +10,7 @@ use redislimit::http::PermitBody;
 use tower::{BoxError, Service};
 
 use super::future::ResponseFuture;
-use super::layer::Settings;
+use super::settings::Settings;
 
 /// Paces requests per host before they reach `S`.
 ///

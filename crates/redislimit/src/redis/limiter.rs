@@ -21,8 +21,9 @@ use super::registry::{FallbackPolicy, Registry, RegistryPlan};
 use super::renew::{Renewal, Renewals};
 use super::script::{ACQUIRE, ADOPT, AcquireReply, BACKOFF, PENALIZE, RELEASE};
 use crate::hooks::WaitReport;
-use crate::limiter::{Unsent, heaviest};
+use crate::limiter::heaviest;
 use crate::pacing::{after, micros};
+use crate::permit::Unsent;
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
     BackoffStep, BoxFuture, ConfigError, DomainLimiter, Error, FallbackLimiter, Hooks, HostKey,
