@@ -159,39 +159,69 @@ impl Shared {
     /// How this replica serves `host` while Redis is unavailable.
     fn outage_plan(&self, host: &HostKey) -> Plan {
         let peers = self.registry.peers();
-        let n = peers
-            .as_ref()
-            .map_or(self.expected_replicas, |p| p.len() as u32)
-            .max(1);
-        if n == 1 || self.fallback_policy == FallbackPolicy::Full {
-            return Plan::Alone;
-        }
         let policy = self.policies.index(host);
-        let cap = match self.args[policy].cap {
-            0 => 1,
-            cap => cap,
+        let cap = self.args[policy].cap.max(1);
+        let roster = Roster {
+            peers: peers.as_deref(),
+            me: &self.registry.id,
+            expected: self.expected_replicas,
         };
-        // Without a registry, a turn drawn from this replica's id: replicas
-        // that never saw one spread over the turns instead of sharing one.
-        let index = peers
-            .as_ref()
-            .and_then(|p| p.iter().position(|id| *id == self.registry.id))
-            .map_or_else(|| self.registry.spare_turn(n), |i| i as u32);
-        if self.fallback_policy == FallbackPolicy::Share && self.policies.at(policy).divides(n, cap)
-        {
-            return Plan::Share { n, index };
-        }
-        match peers {
-            // By key: every host of a key is served by the same replica.
-            Some(peers)
-                if owner(&peers, &self.policies.key(host)) != Some(self.registry.id.as_str()) =>
-            {
-                Plan::Defer
-            }
-            Some(_) => Plan::Alone,
-            // Nobody known to partition with: divide as well as possible.
-            None => Plan::Share { n, index },
-        }
+        plan_for(
+            self.fallback_policy,
+            &roster,
+            &self.policies.key(host),
+            |n| self.policies.at(policy).divides(n, cap),
+            |n| self.registry.spare_turn(n),
+        )
+    }
+}
+
+/// What a replica knows of its peers when it plans a host's outage.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Roster<'a> {
+    /// The live replicas at the last heartbeat Redis answered (sorted), if
+    /// it ever answered one.
+    pub(super) peers: Option<&'a [String]>,
+    /// This replica's id.
+    pub(super) me: &'a str,
+    /// How many replicas to assume without a registry.
+    pub(super) expected: u32,
+}
+
+/// How a replica serves the host of `key` while Redis is unavailable, under
+/// `policy`, from what `roster` says of its peers: a plain function. With
+/// `n` replicas, `divides(n)` says whether the host's limits divide among
+/// them; `spare_turn(n)` draws this replica a turn when it never saw the
+/// registry.
+pub(super) fn plan_for(
+    policy: FallbackPolicy,
+    roster: &Roster<'_>,
+    key: &HostKey,
+    divides: impl FnOnce(u32) -> bool,
+    spare_turn: impl FnOnce(u32) -> u32,
+) -> Plan {
+    let n = roster
+        .peers
+        .map_or(roster.expected, |p| p.len() as u32)
+        .max(1);
+    if n == 1 || policy == FallbackPolicy::Full {
+        return Plan::Alone;
+    }
+    // Without a registry, a turn drawn from this replica's id: replicas
+    // that never saw one spread over the turns instead of sharing one.
+    let index = roster
+        .peers
+        .and_then(|p| p.iter().position(|id| id == roster.me))
+        .map_or_else(|| spare_turn(n), |i| i as u32);
+    if policy == FallbackPolicy::Share && divides(n) {
+        return Plan::Share { n, index };
+    }
+    match roster.peers {
+        // By key: every host of a key is served by the same replica.
+        Some(peers) if owner(peers, key) != Some(roster.me) => Plan::Defer,
+        Some(_) => Plan::Alone,
+        // Nobody known to partition with: divide as well as possible.
+        None => Plan::Share { n, index },
     }
 }
 
@@ -267,5 +297,86 @@ mod tests {
                 assert_eq!(now, *was, "{host} moved though its owner stayed");
             }
         }
+    }
+
+    use proptest::prelude::*;
+
+    /// The plans every replica of `peers` makes for `key` under `policy`.
+    fn plans(policy: FallbackPolicy, peers: &[String], key: &HostKey, divides: bool) -> Vec<Plan> {
+        peers
+            .iter()
+            .map(|me| {
+                let roster = Roster {
+                    peers: Some(peers),
+                    me,
+                    expected: 1,
+                };
+                plan_for(policy, &roster, key, |_| divides, |_| 0)
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Whatever the replicas and the host: partitioned (by choice, or
+        /// because the limits do not divide), exactly one replica serves it
+        /// and the others defer; shared, each takes a turn of its own.
+        #[test]
+        fn the_replicas_plans_for_a_host_add_up_to_one_limit(
+            n in 2usize..12,
+            seed in any::<u64>(),
+            host in 0u32..10_000,
+            divides in any::<bool>(),
+        ) {
+            let mut peers: Vec<String> = (0..n).map(|i| format!("{:016x}", seed.wrapping_add(i as u64 * 7919))).collect();
+            peers.sort();
+            let key = HostKey::parse(&format!("http://h{host}.test/")).unwrap();
+            for policy in [FallbackPolicy::Partition, FallbackPolicy::Share] {
+                let plans = plans(policy, &peers, &key, divides);
+                if policy == FallbackPolicy::Share && divides {
+                    let mut turns: Vec<u32> = plans
+                        .iter()
+                        .map(|p| match *p {
+                            Plan::Share { n: shared, index } => {
+                                assert_eq!(shared as usize, n);
+                                index
+                            }
+                            other => panic!("{other:?}"),
+                        })
+                        .collect();
+                    turns.sort_unstable();
+                    prop_assert_eq!(turns, (0..n as u32).collect::<Vec<_>>());
+                } else {
+                    prop_assert_eq!(plans.iter().filter(|p| **p == Plan::Alone).count(), 1);
+                    prop_assert_eq!(plans.iter().filter(|p| **p == Plan::Defer).count(), n - 1);
+                }
+            }
+            // Full, or alone in the registry: the whole limit.
+            prop_assert!(plans(FallbackPolicy::Full, &peers, &key, divides).iter().all(|p| *p == Plan::Alone));
+            prop_assert_eq!(plans(FallbackPolicy::Share, &peers[..1], &key, divides), vec![Plan::Alone]);
+        }
+    }
+
+    #[test]
+    fn without_a_registry_a_replica_shares_among_those_expected() {
+        let key = HostKey::parse("http://a.test/").unwrap();
+        let roster = Roster {
+            peers: None,
+            me: "me",
+            expected: 4,
+        };
+        for policy in [FallbackPolicy::Share, FallbackPolicy::Partition] {
+            assert_eq!(
+                plan_for(policy, &roster, &key, |n| n == 4, |n| n - 1),
+                Plan::Share { n: 4, index: 3 }
+            );
+        }
+        let alone = Roster {
+            expected: 1,
+            ..roster
+        };
+        assert_eq!(
+            plan_for(FallbackPolicy::Share, &alone, &key, |_| true, |_| 0),
+            Plan::Alone
+        );
     }
 }

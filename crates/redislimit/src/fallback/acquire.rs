@@ -1,0 +1,338 @@
+//! A fallback limiter's acquire: through the in-process limiter and then
+//! the primary, or (the primary unavailable) as the outage plan says, at
+//! this replica's share of the pace and in its turns; a request sent in
+//! process counted in the primary once it answers again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::adoption::{Adopted, Adoptee, Adoptions};
+use super::plan::{DEFER_RETRY, OutagePlan, Plan, turn_window, until_turn, wall_clock};
+use super::shares::Shares;
+use crate::hooks::WaitReport;
+use crate::limiter::heaviest;
+use crate::pacing::after;
+use crate::permit::Unsent;
+use crate::{DomainLimiter, Error, Hooks, HostKey, Limiter, Permit, RequestPacing, WaitOutcome};
+
+/// What one acquire of a `FallbackLimiter` works with: its parts, borrowed.
+pub(super) struct Acquire<'a, P> {
+    pub(super) primary: &'a Arc<P>,
+    pub(super) fallback: &'a DomainLimiter,
+    pub(super) hooks: &'a dyn Hooks,
+    pub(super) outage: Option<&'a dyn OutagePlan>,
+    pub(super) shares: &'a Shares,
+    pub(super) adoptions: &'a Arc<Adoptions>,
+    pub(super) degraded: &'a AtomicBool,
+}
+
+impl<P: Limiter + 'static> Acquire<'_, P> {
+    /// [`Limiter::acquire_host`] through the primary, or the fallback while
+    /// the primary is unavailable.
+    pub(super) async fn run(
+        &self,
+        engine: &str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> Result<Permit, Error> {
+        // Hooks name the key, as the limiters below do.
+        let key = self.fallback.policies().key(&host);
+        let mut report = WaitReport::new(self.hooks, engine, &key, Instant::now());
+        loop {
+            // Requests this process sent during an outage count in the
+            // primary before it admits anything else for their host.
+            if self.adoptions.pending() {
+                let offer = self.adoptions.offer(&**self.primary, Some(&key));
+                match deadline {
+                    // What is left is the background task's to finish.
+                    Some(deadline) => drop(tokio::time::timeout_at(deadline, offer).await),
+                    None => offer.await,
+                }
+            }
+            // Until the primary has decided, this admission is
+            // provisional: a refusal or a dropped future takes it back. It
+            // is made at weight 1, so that a heavy request the primary
+            // refuses for want of room does not hold back lighter ones
+            // here (the primary alone knows the shared room); its whole
+            // weight is recorded once the primary admits it. A weight the
+            // fallback could never admit is refused here all the same.
+            let limits = self.fallback.policies().pacing_for(&host);
+            request
+                .check_weight(&key, limits.max_concurrent(), limits.quota())
+                .map_err(|e| report.fail(e))?;
+            let local = Unsent::new(
+                self.fallback
+                    .acquire_with(engine, host.clone(), deadline, request.with_weight(1))
+                    .await
+                    .map_err(|e| report.fail(e))?,
+            );
+            // During an outage and just after it, take this replica's
+            // turn (as the replicas still pacing in-process do) before
+            // the primary is asked, so that an admission by the primary
+            // is the send it records, and one by the fallback keeps the
+            // turns too.
+            let turn = match self.shares.turns(Instant::now()) {
+                Some(turns) => Some((
+                    turns,
+                    Unsent::new(
+                        self.share(turns, false, engine, &host, deadline, request)
+                            .await
+                            .map_err(|e| report.fail(e))?,
+                    ),
+                )),
+                None => None,
+            };
+            // A turn is a slot's start: the primary must admit within a
+            // moment of it, or the send would leave in the next
+            // replica's slot (which may still be pacing in-process).
+            let turn_ends = turn
+                .as_ref()
+                .and_then(|_| turn_window(self.fallback.policies().pacing_for(&host)))
+                .map(|window| after(Instant::now(), window));
+            let ask_until = match (deadline, turn_ends) {
+                (Some(d), Some(t)) => Some(d.min(t)),
+                (d, t) => d.or(t),
+            };
+            let err = match self
+                .primary
+                .acquire_with(engine, host.clone(), ask_until, request)
+                .await
+            {
+                Ok(shared) => {
+                    self.shares.answered(Instant::now());
+                    if self.degraded.swap(false, Ordering::Relaxed) {
+                        tracing::info!("the shared limiter answers again: pacing is shared");
+                        self.hooks.on_fallback(false);
+                    }
+                    if turn_ends.is_some_and(|ends| Instant::now() > ends) {
+                        // Admitted too late for this turn: not sent,
+                        // taken back; the next turn asks again.
+                        shared.abandon();
+                        continue;
+                    }
+                    let share = turn.and_then(|(_, turn)| turn.take());
+                    // The request leaves now, perhaps long after the
+                    // local admission (the primary may have made it
+                    // wait): the local gap and quota count from now, so
+                    // the next send keeps this process's own spacing
+                    // whoever admits it.
+                    let mut local = local.take();
+                    if let Some(local) = &mut local {
+                        leave(local).await;
+                        local.reweigh(request.weight());
+                    }
+                    let waited = report.finish(WaitOutcome::Acquired);
+                    return Ok(joint(key, waited, [share, Some(shared), local]));
+                }
+                Err(err) if err.is_unavailable() => err,
+                Err(Error::WaitBudget { wait, .. })
+                    if turn_ends.is_some_and(|ends| {
+                        deadline.is_none_or(|d| ends < d && after(Instant::now(), wait) <= d)
+                    }) =>
+                {
+                    // Not admitted within this turn, and the caller's
+                    // budget allows the wait: the next turn. (The call may
+                    // have been cut short without an answer: this says
+                    // nothing about whether the outage is over.)
+                    continue;
+                }
+                Err(err) => return Err(report.fail(err)),
+            };
+            // The primary may have taken the budget to fail.
+            let now = Instant::now();
+            if let Some(deadline) = deadline
+                && now >= deadline
+            {
+                return Err(report.over_budget(now, deadline, now));
+            }
+            let plan = self.outage.map_or(Plan::Alone, |o| o.plan(&host));
+            if let Some(((n, index), turn)) = turn
+                && plan == (Plan::Share { n, index })
+            {
+                // The outage goes on (its grace starts again when the
+                // primary next answers) and the turn is taken: the send
+                // keeps this process's own gap as it leaves.
+                self.shares.failed();
+                let mut local = local.take();
+                if let Some(local) = &mut local {
+                    leave(local).await;
+                    local.reweigh(request.weight());
+                }
+                let share = turn.take();
+                let waited = report.finish(WaitOutcome::Acquired);
+                return Ok(self.outage_permit(host, request.weight(), waited, local, share));
+            }
+            // The provisional admission was made before the wait on the
+            // primary; sending on it now could follow this process's
+            // last send too closely, and waiters that fail over
+            // together would all go at once. Give it back and queue
+            // again for a real admission, which waits for the gap from
+            // the latest send this process made. A turn taken for the
+            // primary is given back too: the outage takes its own.
+            drop(local);
+            if plan == Plan::Defer {
+                // Another replica serves this host during the outage.
+                let retry = after(now, DEFER_RETRY);
+                match deadline {
+                    Some(deadline) if retry >= deadline => {
+                        tokio::time::sleep_until(deadline).await;
+                        let now = Instant::now();
+                        return Err(report.over_budget(retry, deadline, now));
+                    }
+                    _ => tokio::time::sleep_until(retry).await,
+                }
+                continue;
+            }
+            if self.degraded.swap(true, Ordering::Relaxed) {
+                tracing::debug!(host = %host, error = %crate::Causes(&err), ?plan, "pacing in-process");
+            } else {
+                tracing::warn!(host = %host, error = %crate::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
+                self.hooks.on_fallback(true);
+            }
+            // Taken back unless sent (a blown budget, a dropped future).
+            let local = Unsent::new(
+                self.fallback
+                    .acquire_with(engine, host.clone(), deadline, request)
+                    .await
+                    .map_err(|e| report.fail(e))?,
+            );
+            let share = match plan {
+                Plan::Share { n, index } => Some(
+                    self.share((n, index), true, engine, &host, deadline, request)
+                        .await
+                        .map_err(|e| report.fail(e))?,
+                ),
+                _ => None,
+            };
+            let mut local = local.take();
+            if let Some(local) = &mut local {
+                leave(local).await;
+            }
+            let waited = report.finish(WaitOutcome::Acquired);
+            return Ok(self.outage_permit(host, request.weight(), waited, local, share));
+        }
+    }
+
+    /// Admits `host` at this replica's share of the pacing, `n` replicas
+    /// dividing it: no send before the outage began + `min_delay` (another
+    /// replica's last admission through the primary may be that recent),
+    /// nor before this replica's own last send + `n` x `min_delay`, and then
+    /// `n` x `min_delay` apart, at most `quota / n` per window and
+    /// `max_concurrent / n` in flight.
+    ///
+    /// The replicas also take turns: time is cut into `min_delay` slots
+    /// (by the wall clock, which replicas share up to their clock offset)
+    /// and replica `index` sends only at the start of slots `index`,
+    /// `index + n`, ..., so their sends interleave instead of bunching, and
+    /// any interval holds no more sends than the shared pace allows.
+    async fn share(
+        &self,
+        (n, index): (u32, u32),
+        outage: bool,
+        engine: &str,
+        host: &HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> Result<Permit, Error> {
+        let policies = self.fallback.policies();
+        let (began, limiter) = self.shares.get(n, index, policies, outage, Instant::now());
+        let gap = policies.pacing_for(host).min_delay();
+        let mut from = after(began, gap);
+        if let Some(last) = self.fallback.last_sent(host) {
+            from = from.max(after(last, gap.saturating_mul(n)));
+        }
+        let now = Instant::now();
+        if from > now {
+            limiter.penalize_host(host.clone(), from - now).await?;
+        }
+        // A request heavier than this replica's share of the cap or quota
+        // takes the whole share.
+        let shared = limiter.policies().pacing_for(host);
+        let most = heaviest(shared.max_concurrent(), shared.quota());
+        let request = request.with_weight(request.weight().min(most));
+        let permit = limiter
+            .acquire_with(engine, host.clone(), deadline, request)
+            .await?;
+        let turn = after(Instant::now(), until_turn(gap, n, index, wall_clock()));
+        if let Some(deadline) = deadline
+            && turn > deadline
+        {
+            // Not sent: the share's admission is taken back.
+            permit.abandon();
+            return Err(Error::WaitBudget {
+                host: host.to_string(),
+                wait: turn.saturating_duration_since(Instant::now()),
+                remaining: deadline.saturating_duration_since(Instant::now()),
+            });
+        }
+        tokio::time::sleep_until(turn).await;
+        Ok(permit)
+    }
+
+    /// The permit of a request sent in-process during an outage: counted in
+    /// the primary as soon as it answers again.
+    fn outage_permit(
+        &self,
+        host: HostKey,
+        weight: u32,
+        waited: Duration,
+        local: Option<Permit>,
+        share: Option<Permit>,
+    ) -> Permit {
+        let adoptee = Arc::new(Adoptee {
+            key: self.fallback.policies().key(&host),
+            host: host.clone(),
+            weight,
+            sent: Instant::now(),
+            state: Mutex::new(Adopted::Pending),
+        });
+        self.adoptions.add(Arc::clone(&adoptee), self.primary);
+        let parts = Arc::new(Mutex::new(Some((adoptee, share, local))));
+        let back = Arc::clone(&parts);
+        let take = |parts: &Mutex<Option<_>>| {
+            let taken = parts.lock().unwrap_or_else(PoisonError::into_inner).take();
+            taken.map(|(adoptee, share, local): (Arc<Adoptee>, _, _)| {
+                // Nothing is left to count in the primary.
+                drop(std::mem::replace(&mut *adoptee.lock(), Adopted::Done));
+                (share, local)
+            })
+        };
+        let key = self.fallback.policies().key(&host);
+        Permit::new(key, waited, move || drop(take(&parts))).on_abandon(move || {
+            if let Some((share, local)) = take(&back) {
+                share.into_iter().chain(local).for_each(Permit::abandon);
+            }
+        })
+    }
+}
+
+/// Records `local`'s request as leaving now, after waiting (at most one
+/// `min_delay`) if another request of this process left too recently: an
+/// admission by the primary that came back and one made in-process during
+/// its absence could otherwise fall together.
+async fn leave(local: &mut Permit) {
+    while let Err(at) = local.try_send(Instant::now()) {
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// One permit made of `parts`: releasing it releases them all, abandoning
+/// it abandons them all (each as far as it can be taken back).
+fn joint<const N: usize>(host: HostKey, waited: Duration, parts: [Option<Permit>; N]) -> Permit {
+    let parts = Arc::new(Mutex::new(Some(parts)));
+    let back = Arc::clone(&parts);
+    let take = |parts: &Mutex<Option<[Option<Permit>; N]>>| {
+        parts.lock().unwrap_or_else(PoisonError::into_inner).take()
+    };
+    Permit::new(host, waited, move || drop(take(&parts))).on_abandon(move || {
+        take(&back)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .for_each(Permit::abandon);
+    })
+}

@@ -1,0 +1,122 @@
+//! How a replica serves each host while its primary is unavailable (the
+//! plan, which the primary decides: see `redis/registry.rs`), and when its
+//! turns come while it shares a host's pace with the other replicas: plain
+//! functions of their inputs.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{HostKey, Pacing};
+
+/// How this replica serves a host while the primary is unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Alone, at the full in-process pacing.
+    Alone,
+    /// At its share of the pacing, `n` replicas dividing it; this one is
+    /// the `index`th of them (which slots of the shared pace it takes).
+    Share {
+        /// How many replicas divide the pacing.
+        n: u32,
+        /// Which of them this one is, `0..n`.
+        index: u32,
+    },
+    /// Not at all: another replica serves it until the primary is back.
+    Defer,
+}
+
+/// Decides, per host, how a replica carries on while its primary is
+/// unavailable (see `FallbackPolicy`).
+pub(crate) trait OutagePlan: Send + Sync + fmt::Debug {
+    /// The plan for `host` now.
+    fn plan(&self, host: &HostKey) -> Plan;
+}
+
+/// How long after `now` (the time since the Unix epoch on the wall clock,
+/// which replicas share up to their clocks' offset) the next slot of
+/// replica `index` of `n` taking turns in slots of `gap` begins.
+pub(super) fn until_turn(gap: Duration, n: u32, index: u32, now: Duration) -> Duration {
+    let slot = gap.as_micros();
+    let period = slot.saturating_mul(u128::from(n));
+    if period == 0 {
+        return Duration::ZERO;
+    }
+    let now = now.as_micros();
+    let start = slot.saturating_mul(u128::from(index)) % period;
+    let since = (now % period + period - start) % period;
+    let wait = if since == 0 { 0 } else { period - since };
+    Duration::from_micros(u64::try_from(wait).unwrap_or(u64::MAX))
+}
+
+/// How long after its turn begins a request taking turns may still leave
+/// through the primary: a tenth of the gap, at most 10 ms. Replicas still
+/// pacing in-process send at their slots' starts, so a send this late in
+/// its own slot keeps the shared pace over any interval up to this. `None`
+/// without a gap, when there are no slots.
+pub(super) fn turn_window(pacing: &Pacing) -> Option<Duration> {
+    let gap = pacing.min_delay();
+    (!gap.is_zero()).then(|| (gap / 10).min(Duration::from_millis(10)))
+}
+
+/// How soon a deferred acquire asks the primary again.
+pub(super) const DEFER_RETRY: Duration = Duration::from_secs(1);
+
+/// The time since the Unix epoch on this process's wall clock, as
+/// [`until_turn`] takes it.
+pub(super) fn wall_clock() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn turns_come_at_the_start_of_each_replicas_slots() {
+        // Three replicas, 100 ms slots: replica 1 owns [100, 200) of each
+        // 300 ms period.
+        let gap = 100 * MS;
+        assert_eq!(until_turn(gap, 3, 1, 900 * MS), 100 * MS);
+        assert_eq!(until_turn(gap, 3, 1, 1_000 * MS), Duration::ZERO);
+        assert_eq!(until_turn(gap, 3, 1, 1_001 * MS), 299 * MS);
+        assert_eq!(until_turn(gap, 3, 0, 950 * MS), 250 * MS);
+        // No gap, or nobody to take turns with.
+        assert_eq!(until_turn(Duration::ZERO, 3, 1, 1_000 * MS), Duration::ZERO);
+        assert_eq!(until_turn(gap, 0, 0, 1_000 * MS), Duration::ZERO);
+    }
+
+    proptest! {
+        /// Whatever the clock, each replica's next turn is within one period,
+        /// starts on one of its own slots, and no two replicas' turns start
+        /// closer than a slot apart.
+        #[test]
+        fn the_replicas_turns_interleave_a_slot_apart(
+            gap_us in 1u64..1_000_000,
+            n in 1u32..16,
+            now_us in 0u64..10_000_000_000_000,
+        ) {
+            let (gap, now) = (Duration::from_micros(gap_us), Duration::from_micros(now_us));
+            let period = gap * n;
+            let mut starts: Vec<u128> = (0..n)
+                .map(|index| {
+                    let wait = until_turn(gap, n, index, now);
+                    assert!(wait < period, "{wait:?} >= {period:?}");
+                    let start = (now + wait).as_micros();
+                    // On the replica's own slot of its period.
+                    assert_eq!(start % period.as_micros(), u128::from(index) * gap.as_micros());
+                    start
+                })
+                .collect();
+            starts.sort_unstable();
+            for pair in starts.windows(2) {
+                prop_assert!(pair[1] - pair[0] >= gap.as_micros());
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The share of each host's pace this replica takes during an outage (and
+//! just after it, while the other replicas may not have noticed the
+//! primary's return): the in-process limiter applying it, and whether its
+//! turns are still in force, as plain functions of the instant given.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::pacing::after;
+use crate::{DomainLimiter, Policies};
+
+/// The in-process limiter pacing this replica's share during an outage.
+#[derive(Debug, Default)]
+pub(super) struct Shares {
+    /// Whether `current` holds anything (read on every admission).
+    active: AtomicBool,
+    current: Mutex<Option<Share>>,
+}
+
+/// The share this replica paces at during (and just after) an outage.
+#[derive(Debug)]
+struct Share {
+    /// How many replicas divide the pacing.
+    n: u32,
+    /// Which of them this one is.
+    index: u32,
+    /// When the outage was first met.
+    began: Instant,
+    /// The limiter applying the share.
+    limiter: DomainLimiter,
+    /// Whether its turns are still taken.
+    grace: Grace,
+}
+
+/// How long after the primary answers again this replica keeps its share
+/// of the pace (taking its turns) for requests the primary admits: other
+/// replicas may not have noticed yet (they ask again once a second) and
+/// still send at their shares; until they do, taking turns keeps the sum
+/// within the shared pace.
+pub(super) const SHARE_GRACE: Duration = Duration::from_millis(1500);
+
+/// Whether a share's turns are in force: through the outage, and until
+/// [`SHARE_GRACE`] after the primary's first answer since it last failed.
+/// A plain state of the instants it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Grace {
+    /// The primary's first answer since it last failed, if any.
+    answered: Option<Instant>,
+}
+
+impl Grace {
+    /// The primary failed (again): the outage goes on, and the grace waits
+    /// for its next answer.
+    pub(super) fn failed(&mut self) {
+        self.answered = None;
+    }
+
+    /// The primary answered at `now`: the grace starts, unless it had.
+    pub(super) fn answered(&mut self, now: Instant) {
+        self.answered.get_or_insert(now);
+    }
+
+    /// Whether the turns are still taken at `now`.
+    pub(super) fn in_force(&self, now: Instant) -> bool {
+        self.answered
+            .is_none_or(|answered| now < after(answered, SHARE_GRACE))
+    }
+}
+
+impl Shares {
+    /// The limiter for `n` shares of `policies`, and when the outage
+    /// began. `outage` when the primary just failed (which starts the
+    /// outage again if it had ended), not when it admitted during the grace.
+    pub(super) fn get(
+        &self,
+        n: u32,
+        index: u32,
+        policies: &Policies,
+        outage: bool,
+        now: Instant,
+    ) -> (Instant, DomainLimiter) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(share) = &mut *current
+            && share.n == n
+        {
+            share.index = index;
+            if outage {
+                share.grace.failed();
+            }
+            return (share.began, share.limiter.clone());
+        }
+        let began = current.as_ref().map_or(now, |c| c.began);
+        let limiter = DomainLimiter::new(policies.map(|_, pacing| pacing.shared_by(n)));
+        *current = Some(Share {
+            n,
+            index,
+            began,
+            limiter: limiter.clone(),
+            grace: Grace::default(),
+        });
+        self.active.store(true, Ordering::Release);
+        (began, limiter)
+    }
+
+    /// The share (`n`, `index`) a request must take its turn in before it
+    /// asks the primary, at `now`: while its [`Grace`] is in force (the
+    /// registry read since the outage may already differ from the one the
+    /// other replicas still pace by). `None` once it is over, when the
+    /// share is forgotten.
+    pub(super) fn turns(&self, now: Instant) -> Option<(u32, u32)> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let share = current.as_mut()?;
+        if share.grace.in_force(now) {
+            return Some((share.n, share.index));
+        }
+        *current = None;
+        self.active.store(false, Ordering::Release);
+        None
+    }
+
+    /// The primary failed again after it had answered.
+    pub(super) fn failed(&self) {
+        self.with_grace(Grace::failed);
+    }
+
+    /// The primary admitted a request at `now`.
+    pub(super) fn answered(&self, now: Instant) {
+        self.with_grace(|grace| grace.answered(now));
+    }
+
+    fn with_grace(&self, f: impl FnOnce(&mut Grace)) {
+        if self.active.load(Ordering::Acquire) {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(share) = &mut *current {
+                f(&mut share.grace);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What happens to a share, in order, with the time before it.
+    #[derive(Debug, Clone, Copy)]
+    enum Event {
+        Failed,
+        Answered,
+        Asked,
+    }
+
+    fn event() -> impl Strategy<Value = (u64, Event)> {
+        (
+            0u64..2_000,
+            prop_oneof![
+                Just(Event::Failed),
+                Just(Event::Answered),
+                Just(Event::Asked)
+            ],
+        )
+    }
+
+    proptest! {
+        /// The turns are taken exactly while the primary has not answered
+        /// since it last failed, or for less than the grace since its first
+        /// answer after that.
+        #[test]
+        fn the_grace_runs_from_the_first_answer_after_the_last_failure(
+            events in proptest::collection::vec(event(), 1..40),
+        ) {
+            let start = Instant::now();
+            let mut now = start;
+            let mut grace = Grace::default();
+            // The model: the first answer since the last failure.
+            let mut first_answer: Option<Instant> = None;
+            for (ms, event) in events {
+                now += Duration::from_millis(ms);
+                match event {
+                    Event::Failed => {
+                        grace.failed();
+                        first_answer = None;
+                    }
+                    Event::Answered => {
+                        grace.answered(now);
+                        first_answer.get_or_insert(now);
+                    }
+                    Event::Asked => {}
+                }
+                let expected = first_answer.is_none_or(|at| now - at < SHARE_GRACE);
+                prop_assert_eq!(grace.in_force(now), expected);
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_share_is_forgotten_once_its_grace_is_over() {
+        let shares = Shares::default();
+        let policies = Policies::default();
+        let start = Instant::now();
+        assert_eq!(shares.turns(start), None);
+        let (began, _) = shares.get(3, 1, &policies, true, start);
+        assert_eq!(began, start);
+        let later = start + Duration::from_secs(5);
+        assert_eq!(shares.turns(later), Some((3, 1)));
+        shares.answered(later);
+        assert_eq!(
+            shares.turns(later + SHARE_GRACE - Duration::from_millis(1)),
+            Some((3, 1))
+        );
+        // A failure in the grace puts it off until the next answer.
+        shares.failed();
+        assert_eq!(shares.turns(later + 2 * SHARE_GRACE), Some((3, 1)));
+        shares.answered(later + 2 * SHARE_GRACE);
+        assert_eq!(shares.turns(later + 3 * SHARE_GRACE), None);
+        // Forgotten: a new outage begins afresh.
+        let again = later + Duration::from_secs(60);
+        assert_eq!(shares.get(3, 1, &policies, true, again).0, again);
+    }
+}
