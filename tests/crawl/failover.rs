@@ -10,7 +10,7 @@
 //! - the whole run: at most one send per `min_delay` over any second,
 //!   across replicas (README, "Share it between replicas": with `Share`, the
 //!   default, all replicas together stay "within the rate, quota and cap"
-//!   during an outage; invariant 2 of DESIGN.md outside it), and each
+//!   during an outage; invariant 2 of docs/DESIGN.md outside it), and each
 //!   replica's own sends at least `min_delay` apart (README: "acquires that
 //!   fail over together go out one `min_delay` apart ... and the same holds
 //!   when Redis comes back");

@@ -1,5 +1,5 @@
 //! Many `crawl` processes against a recording upstream on loopback: the
-//! invariants of DESIGN.md checked from what the upstream saw, alone and
+//! invariants of docs/DESIGN.md checked from what the upstream saw, alone and
 //! through Redis (standalone and Cluster), and with faults: Redis killed or
 //! frozen mid-crawl, a replica killed mid-request, a 429 with Retry-After.
 //! Every URL must end exactly once, with a status or a reported error.

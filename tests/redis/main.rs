@@ -1,4 +1,4 @@
-//! `RedisLimiter` against real Redis servers: the invariants of DESIGN.md
+//! `RedisLimiter` against real Redis servers: the invariants of docs/DESIGN.md
 //! measured from what a recording "upstream" saw, on standalone, Cluster and
 //! Sentinel deployments, over TLS, with crashed replicas, dead, frozen and
 //! failed-over servers, and garbage in the keys.

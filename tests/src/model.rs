@@ -2,7 +2,7 @@
 //!
 //! The scripts in `crates/redislimit/src/redis/scripts/` are the heart of the promise
 //! that replicas share one limit per host. This module states what they must do in plain
-//! Rust, from DESIGN.md's rules rather than from the Lua: a host has a gate (no send
+//! Rust, from the rules of docs/DESIGN.md rather than from the Lua: a host has a gate (no send
 //! before `next`; in serialized mode one holder with a lease deadline), leases (lease
 //! mode: one member per unit of weight, scored by deadline), admissions (the quota:
 //! each one kept, or for large quotas counted in buckets), voided tokens (acquires

@@ -2,7 +2,13 @@
 //!
 //! - every `.rs` file under `crates/`, `examples/`, `tests/` and `xtask/` opens with a
 //!   `//!` line saying what it holds;
-//! - every crate root `crates/*/src/lib.rs` contains `#![forbid(unsafe_code)]`.
+//! - every crate root `crates/*/src/lib.rs` contains `#![forbid(unsafe_code)]`;
+//! - no source file under `crates/*/src` is longer than [`MAX_LINES`] lines, not counting
+//!   an inline test module (from its `#[cfg(test)]` to the end of the file);
+//! - no two modules of one crate under `crates/*/src` import each other (see
+//!   [`imports`]): a layer imports the layers below it, never the other way round.
+
+mod imports;
 
 use std::{
     fs,
@@ -13,6 +19,9 @@ use std::{
 const SOURCE_DIRS: [&str; 4] = ["crates", "examples", "tests", "xtask"];
 
 const FORBID_UNSAFE: &str = "#![forbid(unsafe_code)]";
+
+/// The most lines a source file under `crates/*/src` may have, its inline test module aside.
+pub(crate) const MAX_LINES: usize = 600;
 
 /// Every problem found under `root`, one line each, naming the file.
 fn problems(root: &Path) -> Vec<String> {
@@ -43,8 +52,44 @@ fn problems(root: &Path) -> Vec<String> {
         if is_crate_root(root, file) && !text.contains(FORBID_UNSAFE) {
             problems.push(format!("{shown}: crate root lacks `{FORBID_UNSAFE}`"));
         }
+        if crate_source(root, file).is_some() {
+            let lines = lines_before_tests(&text);
+            if lines > MAX_LINES {
+                problems.push(format!(
+                    "{shown}: {lines} lines (its test module aside), more than {MAX_LINES}: split it by what it decides"
+                ));
+            }
+        }
     }
+    problems.extend(imports::cycles(root, &files));
     problems
+}
+
+/// The crate directory (`crates/<name>`) and the path below its `src/` of a file under
+/// `crates/*/src`, or `None`.
+pub(crate) fn crate_source(root: &Path, file: &Path) -> Option<(PathBuf, PathBuf)> {
+    let relative = file.strip_prefix(root.join("crates")).ok()?;
+    let mut parts = relative.components();
+    let name = parts.next()?;
+    if parts.next()?.as_os_str() != "src" {
+        return None;
+    }
+    Some((
+        root.join("crates").join(name.as_os_str()),
+        parts.as_path().to_path_buf(),
+    ))
+}
+
+/// Lines of `text` before its inline test module: a `#[cfg(test)]` line followed by a
+/// `mod` line (the whole file when it has none).
+pub(crate) fn lines_before_tests(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .windows(2)
+        .position(|pair| {
+            pair[0].trim() == "#[cfg(test)]" && pair[1].trim_start().starts_with("mod ")
+        })
+        .unwrap_or(lines.len())
 }
 
 /// `crates/<name>/src/lib.rs`.
@@ -165,6 +210,41 @@ mod tests {
                 "{problem:?} should start with {prefix:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_long_file_and_two_modules_importing_each_other_are_refused() {
+        let ws = Scratch::new("shape");
+        let long: String = (0..601).map(|i| format!("// line {i}\n")).collect();
+        ws.write(
+            "crates/a/src/lib.rs",
+            "//! A.\n#![forbid(unsafe_code)]\nmod b;\nmod c;\nmod d;\npub use self::b::B;\n",
+        );
+        // Too long, but for its test module.
+        let tested = format!(
+            "//! D.\n{}\n#[cfg(test)]\nmod tests {{\n{long}}}\n",
+            "// x\n".repeat(500)
+        );
+        ws.write("crates/a/src/d.rs", &tested);
+        ws.write(
+            "crates/a/src/b.rs",
+            &format!("//! B.\nuse crate::c::C;\n{long}"),
+        );
+        // `crate::B` is b's, re-exported by the root: c imports b.
+        ws.write(
+            "crates/a/src/c.rs",
+            "//! C.\nuse crate::{B, d::D};\npub struct C;\n",
+        );
+        let found = problems(&ws.0);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(
+            found[0].starts_with("crates/a/src/b.rs: 603 lines"),
+            "{found:#?}"
+        );
+        assert!(
+            found[1].starts_with("crates/a/src/b.rs and crates/a/src/c.rs import each other"),
+            "{found:#?}"
+        );
     }
 
     #[test]

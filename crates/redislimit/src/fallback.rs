@@ -10,5 +10,7 @@ mod plan;
 mod shares;
 
 pub use self::limiter::FallbackLimiter;
+#[cfg(feature = "redis")]
+pub use self::plan::FallbackPolicy;
 #[cfg_attr(not(feature = "redis"), allow(unused_imports))]
 pub(crate) use self::plan::{OutagePlan, Plan};

@@ -78,14 +78,16 @@ mod policy;
 mod redis;
 mod snapshot;
 
+#[cfg(feature = "redis")]
+pub use self::fallback::FallbackPolicy;
 #[cfg(feature = "metrics")]
 pub use self::metrics::MetricsHooks;
 #[cfg(feature = "tls-rustls")]
 pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    ClusterManager, ClusterPool, FallbackPolicy, RedisKeys, RedisLimiter, RedisLimiterBuilder,
-    RedisPool, RedisTimeouts,
+    ClusterManager, ClusterPool, RedisKeys, RedisLimiter, RedisLimiterBuilder, RedisPool,
+    RedisTimeouts,
 };
 pub use self::{
     error::{BoxError, Causes, ConfigError, Error, Op},

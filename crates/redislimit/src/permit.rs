@@ -42,7 +42,7 @@ pub struct Permit {
 
 impl Permit {
     /// A permit for `host` that runs `release` exactly once when released or
-    /// dropped. For implementors of [`Limiter`].
+    /// dropped. For implementors of [`Limiter`](crate::Limiter).
     pub fn new(
         host: HostKey,
         waited: Duration,
@@ -77,7 +77,7 @@ impl Permit {
     }
 
     /// What [`abandon`](Self::abandon) runs instead of the release: taking
-    /// the admission back. For implementors of [`Limiter`].
+    /// the admission back. For implementors of [`Limiter`](crate::Limiter).
     pub fn on_abandon(mut self, abandon: impl FnOnce() + Send + Sync + 'static) -> Self {
         if let Some(Release::Closures { abandon: slot, .. }) = &mut self.release {
             *slot = Some(Box::new(abandon));

@@ -1,22 +1,40 @@
 //! The Redis-backed limiter: pacing state shared by every replica.
+//!
+//! Its layers, each importing only those below it (see `docs/DESIGN.md`):
+//! the handle and its builder (`limiter.rs`, `builder.rs`); the acquire
+//! (`acquire.rs`, with its pure pause in `pause.rs` and lateness verdict in
+//! `lateness.rs`) and the other operations (`ops.rs`); the slots a permit
+//! holds (`slots.rs`); the limiter's parts (`core.rs`): its agreement,
+//! registry, renewals and lifecycle; the backend that talks to Redis
+//! (`backend.rs`), through the scripts (`scripts.rs`) and the connection
+//! (`pool.rs`); and the settings, keys and clock they all read.
 
+mod acquire;
 mod agreement;
+mod backend;
+mod builder;
 mod circuit;
 mod clock;
+mod core;
 mod keys;
 mod lateness;
+mod lifecycle;
 mod limiter;
+mod ops;
+mod pause;
 mod pool;
 mod precise;
 mod registry;
 mod renew;
-mod script;
+mod scripts;
+mod settings;
+mod slots;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
+pub use self::builder::RedisLimiterBuilder;
 pub use self::keys::RedisKeys;
-pub use self::limiter::{RedisLimiter, RedisLimiterBuilder};
+pub use self::limiter::RedisLimiter;
 pub use self::pool::{ClusterManager, ClusterPool, RedisPool, RedisTimeouts};
-pub use self::registry::FallbackPolicy;
 #[cfg(feature = "tls-rustls")]
 pub use self::tls::RedisTls;

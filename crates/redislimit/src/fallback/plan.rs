@@ -69,6 +69,63 @@ pub(super) fn wall_clock() -> Duration {
         .unwrap_or_default()
 }
 
+#[cfg(feature = "redis")]
+/// What a replica's fallback does while Redis is unavailable: how the
+/// per-host limits are kept when every replica paces in-process.
+///
+/// Each replica knows the replicas that were live just before the outage
+/// (the registry; see [`RedisLimiter`](crate::RedisLimiter)). With `N` of
+/// them:
+///
+/// | policy | each replica, per host, during the outage | all replicas together |
+/// |---|---|---|
+/// | `Share` (default) | `min_delay` x N, `quota` / N, in-flight cap / N | within the rate, quota and cap |
+/// | `Partition` | one replica (rendezvous hashing) serves the host at the full pacing; the others wait | exact spacing and cap |
+/// | `Full` | the full pacing | N x the rate, quota and cap |
+///
+/// `Share` divides what can be divided. What cannot (an in-flight cap or a
+/// quota smaller than N, and serialized mode, whose cap is one request) is
+/// partitioned instead, so the limits hold either way. `Share` is the
+/// default because it keeps every replica working on every host: nothing
+/// waits for Redis, and a replica that died just before the outage only
+/// costs the others their share of its pace. `Partition` is exact but
+/// stalls: the hosts of a replica that died just before the outage (it is
+/// counted for up to 3 s) wait for Redis, and so do the other replicas'
+/// requests for a host they do not serve (bounded by their deadline; they
+/// ask Redis again once a second). `Full` is each replica alone, as if no
+/// other existed: use it only when the replicas never share hosts.
+///
+/// Edge cases: with one live replica every policy is `Full`. A replica
+/// that never saw the registry (it started during the outage) counts
+/// [`expected_replicas`](crate::RedisLimiterBuilder::expected_replicas)
+/// (default 1). Limits hold from the first send of the outage on: a request
+/// another replica had in flight when Redis went away is not visible to
+/// the others, and the quota window in which Redis went away can hold the
+/// admissions counted in Redis before it plus the shares during it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FallbackPolicy {
+    /// Divide the rate, quota and in-flight cap among the live replicas.
+    #[default]
+    Share,
+    /// Serve each host from exactly one live replica.
+    Partition,
+    /// Every replica at the full limits: N replicas send N times the rate.
+    Full,
+}
+
+#[cfg(feature = "redis")]
+impl FallbackPolicy {
+    /// The policy's name, as the crawl's `--fallback` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Share => "share",
+            Self::Partition => "partition",
+            Self::Full => "full",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

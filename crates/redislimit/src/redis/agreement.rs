@@ -31,20 +31,22 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use deadpool_redis::redis::Cmd;
+use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
+use super::backend::{Backend, CallError};
 use super::keys::RedisKeys;
-use super::limiter::{QUOTA_BUCKETS, Shared, quota_buckets, unavailable};
-use super::script::AGREE;
+use super::scripts::agree::Reply;
+use super::settings::{Mode, QUOTA_BUCKETS, quota_buckets};
 use crate::pacing::after;
-use crate::{Error, KeyBy, Op, Policies};
-use sha2::{Digest, Sha256};
+use crate::{Error, Hooks, KeyBy, Op, Policies};
 
 /// One limiter's part in its scope's agreement.
 #[derive(Debug)]
 pub(super) struct Agreement {
     key: String,
+    /// `prefix:scope`, as a mismatch names it.
+    scope: String,
     /// This limiter's settings, as recorded.
     settings: String,
     /// How long the record outlives the last replica that confirmed it.
@@ -74,14 +76,14 @@ impl Agreement {
         prefix: &str,
         scope: &str,
         policies: &Policies,
-        cap: impl Fn(usize) -> u32,
+        mode: impl Fn(usize) -> Mode,
         lease_ttl: Duration,
     ) -> Self {
         let describe = |i: usize| {
             let pacing = policies.at(i);
-            let mode = match cap(i) {
-                0 => "serialized".to_owned(),
-                n => format!("lease cluster_concurrency={n}"),
+            let mode = match mode(i) {
+                Mode::Serialized => "serialized".to_owned(),
+                Mode::Lease(n) => format!("lease cluster_concurrency={n}"),
             };
             let window_us = pacing.window().as_micros() as u64;
             let quota = match (pacing.quota(), quota_buckets(pacing.quota(), window_us)) {
@@ -119,6 +121,7 @@ impl Agreement {
             .unwrap_or_default();
         Self {
             key: RedisKeys::config(prefix, scope),
+            scope: format!("{prefix}:{scope}"),
             settings,
             ttl: longest.saturating_add(Duration::from_secs(1)),
             confirmed: Mutex::new(None),
@@ -168,67 +171,60 @@ impl Agreement {
     }
 }
 
-impl Shared {
+impl Agreement {
     /// Makes sure the scope admits with this limiter's settings: from the
     /// last confirmation while it is fresh, from Redis otherwise (or when
-    /// `force`d).
-    pub(super) async fn agree(&self, force: bool) -> Result<(), Error> {
+    /// `force`d). A mismatch is reported to `hooks` where it is found.
+    pub(super) async fn agree(
+        &self,
+        backend: &Backend,
+        hooks: &dyn Hooks,
+        force: bool,
+    ) -> Result<(), Error> {
         let started = Instant::now();
-        if !force && self.agreement.fresh(started) {
+        if !force && self.fresh(started) {
             return Ok(());
         }
-        let a = &self.agreement;
-        let _asking = a.asking.lock().await;
+        let _asking = self.asking.lock().await;
         let asked = Instant::now();
         // Confirmed by the call this one waited for; or that call found
         // Redis not answering, and the circuit now holds off the rest; or
         // it failed otherwise, and this one fails alike.
-        if !force && a.fresh(asked) {
+        if !force && self.fresh(asked) {
             return Ok(());
         }
-        if !force && self.circuit.waiting() {
-            return Err(super::limiter::circuit_open(Op::Acquire));
+        if !force && backend.circuit().waiting() {
+            return Err(CallError::Skipped.into_error(Op::Acquire));
         }
-        match a.failed_since(started).filter(|_| !force) {
+        match self.failed_since(started).filter(|_| !force) {
             Some(Failed::Mismatch(theirs)) => return Err(self.mismatch(theirs)),
             Some(Failed::Answer(why)) => return Err(Error::unavailable(Op::Acquire, why)),
             None => {}
         }
-        let ttl_us = a.ttl.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
-        let reply = AGREE
-            .run::<Vec<String>>(&self.redis, &[a.key.as_str()], |cmd: &mut Cmd| {
-                cmd.arg(&a.settings).arg(ttl_us);
-            })
-            .await;
-        self.circuit.observe(&reply);
-        let reply = match reply {
+        let ttl_us = self.ttl.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
+        let reply = match backend.agree(&self.key, &self.settings, ttl_us).await {
             Ok(reply) => reply,
             Err(e) => {
-                let err = unavailable(Op::Acquire, e);
+                let err = e.into_error(Op::Acquire);
                 // Not answering opened the circuit, which holds off the
                 // waiters; an error reply (READONLY, say) is remembered.
-                if !self.circuit.waiting() {
-                    a.fail(Some(Failed::Answer(crate::Causes(&err).to_string())));
+                if !backend.circuit().waiting() {
+                    self.fail(Some(Failed::Answer(crate::Causes(&err).to_string())));
                 }
                 return Err(err);
             }
         };
-        match reply.as_slice() {
-            [ok] if ok == "1" => {
-                a.confirm(asked);
+        match reply {
+            Reply::Agreed => {
+                self.confirm(asked);
                 Ok(())
             }
-            [no, theirs] if no == "0" => {
-                a.fail(Some(Failed::Mismatch(theirs.clone())));
-                let err = self.mismatch(theirs.clone());
+            Reply::Theirs(theirs) => {
+                self.fail(Some(Failed::Mismatch(theirs.clone())));
+                let err = self.mismatch(theirs);
                 tracing::error!(error = %crate::Causes(&err), "configuration mismatch");
-                self.hooks.on_error(Op::Acquire, &err);
+                hooks.on_error(Op::Acquire, &err);
                 Err(err)
-            }
-            _ => {
-                let why = format!("unexpected reply from the agreement script: {reply:?}");
-                a.fail(Some(Failed::Answer(why.clone())));
-                Err(Error::unavailable(Op::Acquire, why))
             }
         }
     }
@@ -236,8 +232,8 @@ impl Shared {
     /// The error of a record that holds `theirs`, other settings than ours.
     fn mismatch(&self, theirs: String) -> Error {
         Error::ConfigMismatch {
-            scope: format!("{}:{}", self.prefix, self.scope),
-            ours: self.agreement.settings.clone(),
+            scope: self.scope.clone(),
+            ours: self.settings.clone(),
             theirs,
         }
     }

@@ -65,19 +65,21 @@ impl Circuit {
         until != 0 && self.clock_us() < until
     }
 
-    /// Takes what a finished call says about Redis: a failure to answer
-    /// opens the circuit, any answer closes it.
-    pub(crate) fn observe<T>(&self, result: &Result<T, QueryError>) {
-        match result {
-            Err(err) if not_answering(err) => {
-                let until = self.clock_us().saturating_add(REPROBE.as_micros() as u64);
-                self.until.store(until.max(1), Ordering::Release);
-            }
-            _ => {
-                if self.until.load(Ordering::Acquire) != 0 {
-                    self.until.store(0, Ordering::Release);
-                }
-            }
+    /// Redis answered (an error reply included): the circuit closes.
+    pub(crate) fn answered(&self) {
+        if self.until.load(Ordering::Acquire) != 0 {
+            self.until.store(0, Ordering::Release);
+        }
+    }
+
+    /// A call failed with `err`: the circuit opens if Redis did not answer,
+    /// and closes if it did (an error reply).
+    pub(crate) fn observe_failure(&self, err: &QueryError) {
+        if not_answering(err) {
+            let until = self.clock_us().saturating_add(REPROBE.as_micros() as u64);
+            self.until.store(until.max(1), Ordering::Release);
+        } else {
+            self.answered();
         }
     }
 }
@@ -100,35 +102,35 @@ fn connection_error(e: &RedisError) -> bool {
 mod tests {
     use super::*;
 
-    fn refused() -> Result<(), QueryError> {
-        Err(QueryError::Redis(RedisError::from(std::io::Error::from(
+    fn refused() -> QueryError {
+        QueryError::Redis(RedisError::from(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
-        ))))
+        )))
     }
 
-    fn error_reply() -> Result<(), QueryError> {
-        Err(QueryError::Redis(RedisError::from((
+    fn error_reply() -> QueryError {
+        QueryError::Redis(RedisError::from((
             deadpool_redis::redis::ErrorKind::Server(
                 deadpool_redis::redis::ServerErrorKind::ResponseError,
             ),
             "WRONGTYPE",
-        ))))
+        )))
     }
 
     #[tokio::test(start_paused = true)]
     async fn opens_on_failures_to_answer_and_closes_on_any_answer() {
         let c = Circuit::new();
         assert!(!c.open());
-        c.observe(&refused());
+        c.observe_failure(&refused());
         assert!(c.open() && c.waiting());
-        c.observe(&error_reply());
+        c.observe_failure(&error_reply());
         assert!(!c.open(), "an error reply is an answer");
-        c.observe(&refused());
+        c.observe_failure(&refused());
         tokio::time::advance(REPROBE).await;
         assert!(!c.waiting());
         assert!(!c.open(), "the first caller after a second probes");
         assert!(c.open(), "the others keep skipping while it does");
-        c.observe(&Ok(()));
+        c.answered();
         assert!(!c.open());
     }
 }

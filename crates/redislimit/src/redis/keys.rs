@@ -6,23 +6,11 @@ use crate::{ConfigError, HostKey};
 
 /// The Redis keys holding one host's pacing state in one scope.
 ///
-/// Every key is `<prefix>:<scope>:{<tag>}:<role>`, where `<tag>` is the first
-/// 128 bits of SHA-256 over the length-prefixed prefix, scope and host, in
-/// hex. All keys of a host share that one hash tag, so every script stays
-/// in one slot of a Redis Cluster; and because the host only enters the
-/// name through the hash, a host name with `{`, `}`, `:`, spaces or any
-/// other text can neither pick its own slot nor produce another host's key.
-///
-/// | role | type | holds |
-/// |---|---|---|
-/// | `gate` | HASH | `next`: no send before this instant; in serialized mode also `holder` (the token sending now) and `busy` (its lease deadline) |
-/// | `leases` | ZSET | lease mode: token → lease deadline |
-/// | `admits` | ZSET | quota: token → admission instant |
-/// | `void` | ZSET | tokens of acquires abandoned before they ran → expiry |
-/// | `waiting` | HASH | the waiting line across replicas: token → "arrival deadline" |
-///
-/// Instants are microseconds on the Redis server's clock. Every key carries a
-/// TTL covering what it protects, plus one second.
+/// Every key is `<prefix>:<scope>:{<tag>}:<role>`, where `<tag>` is derived
+/// by hashing the prefix, scope and host: all keys of a host share one hash
+/// tag (one Cluster slot), and a host name can neither pick its slot nor
+/// produce another host's key. What each key holds is described once, in
+/// `docs/DESIGN.md` ("Keys in Redis").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisKeys {
     /// The HASH with the host's next allowed send (and the serialized holder).

@@ -12,75 +12,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use deadpool_redis::redis::Cmd;
 use sha2::{Digest, Sha256};
 
+use super::backend::Backend;
 use super::keys::RedisKeys;
-use super::limiter::Shared;
-use super::script::REGISTER;
+use super::lifecycle::Lifecycle;
+use super::settings::Settings;
 use crate::HostKey;
-use crate::fallback::{OutagePlan, Plan};
+use crate::fallback::{FallbackPolicy, OutagePlan, Plan};
 
 /// How often a replica renews its entry and reads the others'.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long an entry lives unrenewed: a replica that died is counted for
 /// at most this long.
 const ENTRY_TTL: Duration = Duration::from_secs(3);
-
-/// What a replica's fallback does while Redis is unavailable: how the
-/// per-host limits are kept when every replica paces in-process.
-///
-/// Each replica knows the replicas that were live just before the outage
-/// (the registry; see [`RedisLimiter`](crate::RedisLimiter)). With `N` of
-/// them:
-///
-/// | policy | each replica, per host, during the outage | all replicas together |
-/// |---|---|---|
-/// | `Share` (default) | `min_delay` x N, `quota` / N, in-flight cap / N | within the rate, quota and cap |
-/// | `Partition` | one replica (rendezvous hashing) serves the host at the full pacing; the others wait | exact spacing and cap |
-/// | `Full` | the full pacing | N x the rate, quota and cap |
-///
-/// `Share` divides what can be divided. What cannot (an in-flight cap or a
-/// quota smaller than N, and serialized mode, whose cap is one request) is
-/// partitioned instead, so the limits hold either way. `Share` is the
-/// default because it keeps every replica working on every host: nothing
-/// waits for Redis, and a replica that died just before the outage only
-/// costs the others their share of its pace. `Partition` is exact but
-/// stalls: the hosts of a replica that died just before the outage (it is
-/// counted for up to 3 s) wait for Redis, and so do the other replicas'
-/// requests for a host they do not serve (bounded by their deadline; they
-/// ask Redis again once a second). `Full` is each replica alone, as if no
-/// other existed: use it only when the replicas never share hosts.
-///
-/// Edge cases: with one live replica every policy is `Full`. A replica
-/// that never saw the registry (it started during the outage) counts
-/// [`expected_replicas`](crate::RedisLimiterBuilder::expected_replicas)
-/// (default 1). Limits hold from the first send of the outage on: a request
-/// another replica had in flight when Redis went away is not visible to
-/// the others, and the quota window in which Redis went away can hold the
-/// admissions counted in Redis before it plus the shares during it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FallbackPolicy {
-    /// Divide the rate, quota and in-flight cap among the live replicas.
-    #[default]
-    Share,
-    /// Serve each host from exactly one live replica.
-    Partition,
-    /// Every replica at the full limits: N replicas send N times the rate.
-    Full,
-}
-
-impl FallbackPolicy {
-    /// The policy's name, as the crawl's `--fallback` spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Share => "share",
-            Self::Partition => "partition",
-            Self::Full => "full",
-        }
-    }
-}
 
 /// One limiter's entry in its scope's registry.
 #[derive(Debug)]
@@ -117,61 +62,63 @@ impl Registry {
     }
 }
 
-impl Shared {
-    /// Starts the heartbeat unless it runs. Every limiter announces
-    /// itself, whatever its own policy, so that replicas with another one
-    /// still count it.
-    pub(super) fn ensure_heartbeat(self: &Arc<Self>) {
-        if self.registry.beating.load(Ordering::Relaxed)
-            || self.registry.beating.swap(true, Ordering::AcqRel)
-        {
+impl Registry {
+    /// Starts the heartbeat through `backend` unless it runs; it ends when
+    /// the limiter is dropped (`backend` with it) or closed. Every limiter
+    /// announces itself, whatever its own policy, so that replicas with
+    /// another one still count it.
+    pub(super) fn ensure_heartbeat(
+        self: &Arc<Self>,
+        backend: &Arc<Backend>,
+        lifecycle: &Arc<Lifecycle>,
+    ) {
+        if self.beating.load(Ordering::Relaxed) || self.beating.swap(true, Ordering::AcqRel) {
             return;
         }
-        let weak = Arc::downgrade(self);
-        tokio::spawn(heartbeat(weak));
+        tokio::spawn(heartbeat(
+            Arc::downgrade(self),
+            Arc::downgrade(backend),
+            Arc::clone(lifecycle),
+        ));
     }
 
     /// One heartbeat: renews this replica's entry and reads the live ones.
-    async fn beat(&self) {
-        let r = &self.registry;
+    async fn beat(&self, backend: &Backend) {
         let ttl_us = ENTRY_TTL.as_micros() as u64;
-        let keys = [r.key.as_str()];
-        let call = REGISTER.run::<Vec<String>>(&self.redis, &keys, |cmd: &mut Cmd| {
-            cmd.arg(&r.id).arg(ttl_us);
-        });
+        let call = backend.register(&self.key, &self.id, ttl_us);
         // Bounded, so a pool without timeouts cannot stop the heartbeat.
         let Ok(answer) = tokio::time::timeout(HEARTBEAT, call).await else {
             return;
         };
-        self.circuit.observe(&answer);
         match answer {
             Ok(mut ids) => {
-                if !ids.contains(&r.id) {
-                    ids.push(r.id.clone());
+                if !ids.contains(&self.id) {
+                    ids.push(self.id.clone());
                 }
                 ids.sort();
-                *r.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(ids.into());
+                *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(ids.into());
             }
-            Err(err) => tracing::debug!(error = %err, "registry heartbeat failed"),
+            Err(err) => tracing::debug!(error = ?err, "registry heartbeat failed"),
         }
     }
 
-    /// How this replica serves `host` while Redis is unavailable.
-    fn outage_plan(&self, host: &HostKey) -> Plan {
-        let peers = self.registry.peers();
-        let policy = self.policies.index(host);
-        let cap = self.args[policy].cap.max(1);
+    /// How this replica serves `host` while Redis is unavailable, under
+    /// `settings`.
+    fn outage_plan(&self, settings: &Settings, host: &HostKey) -> Plan {
+        let peers = self.peers();
+        let policy = settings.policies.index(host);
+        let cap = settings.args[policy].mode.in_flight();
         let roster = Roster {
             peers: peers.as_deref(),
-            me: &self.registry.id,
-            expected: self.expected_replicas,
+            me: &self.id,
+            expected: settings.expected_replicas,
         };
         plan_for(
-            self.fallback_policy,
+            settings.fallback_policy,
             &roster,
-            &self.policies.key(host),
-            |n| self.policies.at(policy).divides(n, cap),
-            |n| self.registry.spare_turn(n),
+            &settings.policies.key(host),
+            |n| settings.policies.at(policy).divides(n, cap),
+            |n| self.spare_turn(n),
         )
     }
 }
@@ -225,17 +172,17 @@ pub(super) fn plan_for(
     }
 }
 
-async fn heartbeat(weak: Weak<Shared>) {
+async fn heartbeat(registry: Weak<Registry>, backend: Weak<Backend>, lifecycle: Arc<Lifecycle>) {
     loop {
-        let Some(shared) = weak.upgrade() else {
+        let (Some(registry), Some(backend)) = (registry.upgrade(), backend.upgrade()) else {
             return;
         };
-        if shared.closed.load(Ordering::SeqCst) {
+        if lifecycle.is_closed() {
             // Closed: the entry lapses within its TTL.
             return;
         }
-        shared.beat().await;
-        drop(shared);
+        registry.beat(&backend).await;
+        drop((registry, backend));
         tokio::time::sleep(HEARTBEAT).await;
     }
 }
@@ -257,21 +204,25 @@ fn owner<'a>(peers: &'a [String], host: &HostKey) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// The outage plan a `FallbackLimiter` asks, backed by the limiter.
-pub(super) struct RegistryPlan(pub(super) Arc<Shared>);
+/// The outage plan a `FallbackLimiter` asks: this replica's registry and
+/// its limiter's settings.
+pub(super) struct RegistryPlan {
+    pub(super) registry: Arc<Registry>,
+    pub(super) settings: Arc<Settings>,
+}
 
 impl std::fmt::Debug for RegistryPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryPlan")
-            .field("policy", &self.0.fallback_policy)
-            .field("peers", &self.0.registry.peers())
+            .field("policy", &self.settings.fallback_policy)
+            .field("peers", &self.registry.peers())
             .finish()
     }
 }
 
 impl OutagePlan for RegistryPlan {
     fn plan(&self, host: &HostKey) -> Plan {
-        self.0.outage_plan(host)
+        self.registry.outage_plan(&self.settings, host)
     }
 }
 

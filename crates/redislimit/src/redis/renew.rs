@@ -17,21 +17,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use deadpool_redis::redis::Cmd;
 use tokio::time::Instant;
 
+use super::backend::Backend;
 use super::keys::RedisKeys;
-use super::limiter::{Args, Shared, Slot, unavailable};
-use super::script::RENEW;
+use super::settings::Args;
 use crate::local::sweep::{Sweep, SweepSignal};
 use crate::pacing::after;
-use crate::{Error, Op};
+use crate::{Error, Hooks, Op};
 
 /// The first retry after a failed renewal; each next one waits twice as long.
 const FIRST_RETRY: Duration = Duration::from_millis(20);
 
 /// How late after it is due a booked first renewal may start.
 const RENEWAL_GRAIN: Duration = Duration::from_millis(1);
+
+/// A held slot whose first renewal was booked: started when it is due.
+pub(super) trait Due: Send + Sync {
+    /// Starts renewing on a task of its own, unless released meanwhile.
+    fn start_renewal(&self);
+}
 
 /// Where a permit's renewal stands.
 #[derive(Debug)]
@@ -50,7 +55,7 @@ pub(super) enum Renewal {
 /// renewal here under a lock, without a task or a wake-up of its own.
 pub(super) struct Renewals {
     signal: Arc<SweepSignal>,
-    booked: Mutex<BTreeMap<(Instant, u64), Weak<Slot>>>,
+    booked: Mutex<BTreeMap<(Instant, u64), Weak<dyn Due>>>,
     next_id: AtomicU64,
     /// How long after a lease is taken its first renewal is due.
     period: Duration,
@@ -69,7 +74,7 @@ impl Renewals {
 
     /// Books the first renewal of `slot`, whose lease was taken at
     /// `since`; what the slot keeps as its [`Renewal`].
-    pub(super) fn book(self: &Arc<Self>, slot: Weak<Slot>, since: Instant) -> Renewal {
+    pub(super) fn book(self: &Arc<Self>, slot: Weak<dyn Due>, since: Instant) -> Renewal {
         let key = (
             after(since, self.period),
             self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -88,7 +93,7 @@ impl Renewals {
         self.lock().remove(&key);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Instant, u64), Weak<Slot>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Instant, u64), Weak<dyn Due>>> {
         self.booked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -126,21 +131,33 @@ impl Sweep for Renewals {
     }
 }
 
-impl Shared {
+/// What a renewal task renews, and through what.
+pub(super) struct Lease {
+    pub(super) backend: Arc<Backend>,
+    pub(super) hooks: Arc<dyn Hooks>,
+    pub(super) lease_ttl: Duration,
+    pub(super) lease_ttl_us: u64,
+    pub(super) keys: Arc<RedisKeys>,
+    pub(super) token: Arc<str>,
+    pub(super) args: Args,
+}
+
+impl Lease {
     /// Renews the lease whose first renewal is due at `first` (half a
     /// lease after it was taken) while the permit is held (this task is
     /// aborted when it is released).
-    pub(super) async fn renew_until_released(
-        self: Arc<Self>,
-        keys: Arc<RedisKeys>,
-        token: Arc<str>,
-        args: Args,
-        first: Instant,
-    ) {
-        let period = self.lease_ttl / 2;
+    pub(super) async fn renew_until_released(self, first: Instant) {
+        let Self {
+            hooks,
+            lease_ttl,
+            keys,
+            ..
+        } = &self;
+        let lease_ttl = *lease_ttl;
+        let period = lease_ttl / 2;
         // A renewal's effect starts no earlier than when it was asked for,
         // so `asked + lease_ttl` is a lower bound of the lease deadline.
-        let mut alive_until = after(first, self.lease_ttl - period);
+        let mut alive_until = after(first, lease_ttl - period);
         let mut next = first;
         let mut retry = FIRST_RETRY;
         let mut failing = false;
@@ -151,14 +168,13 @@ impl Shared {
             // Bounded, so a call that hangs (a pool without timeouts) cannot
             // keep the next attempt from being made in time.
             let bound = after(asked, period.max(FIRST_RETRY));
-            let renewed =
-                match tokio::time::timeout_at(bound, self.renew(&keys, &token, args)).await {
-                    Ok(renewed) => renewed,
-                    Err(_) => Err(Error::unavailable(
-                        Op::Renew,
-                        "Redis did not answer the renewal in time",
-                    )),
-                };
+            let renewed = match tokio::time::timeout_at(bound, self.renew()).await {
+                Ok(renewed) => renewed,
+                Err(_) => Err(Error::unavailable(
+                    Op::Renew,
+                    "Redis did not answer the renewal in time",
+                )),
+            };
             match renewed {
                 Ok(true) => {
                     if failing {
@@ -166,7 +182,7 @@ impl Shared {
                     }
                     failing = false;
                     past_deadline = false;
-                    alive_until = after(asked, self.lease_ttl);
+                    alive_until = after(asked, lease_ttl);
                     next = after(asked, period);
                     retry = FIRST_RETRY;
                 }
@@ -176,15 +192,15 @@ impl Shared {
                         "the lease had lapsed before it was renewed; its slot may be taken",
                     );
                     tracing::warn!(gate = %keys.gate, "lease lost");
-                    self.hooks.on_lease_lost(&keys.gate);
-                    self.hooks.on_error(Op::Renew, &err);
+                    hooks.on_lease_lost(&keys.gate);
+                    hooks.on_error(Op::Renew, &err);
                     return;
                 }
                 Err(err) => {
                     let now = Instant::now();
                     if !failing {
                         tracing::warn!(gate = %keys.gate, error = %crate::Causes(&err), "lease renewal failed; retrying");
-                        self.hooks.on_error(Op::Renew, &err);
+                        hooks.on_error(Op::Renew, &err);
                     }
                     failing = true;
                     if now >= alive_until && !past_deadline {
@@ -195,26 +211,17 @@ impl Shared {
                     // alive every attempt can save it, and after that the
                     // answer says whether it survived.
                     next = after(now, retry);
-                    retry = (retry * 2).min((self.lease_ttl / 8).max(FIRST_RETRY));
+                    retry = (retry * 2).min((lease_ttl / 8).max(FIRST_RETRY));
                 }
             }
         }
     }
 
     /// One renewal: whether the token still held its slot.
-    async fn renew(&self, keys: &RedisKeys, token: &str, args: Args) -> Result<bool, Error> {
-        let renewed = RENEW
-            .run::<i64>(&self.redis, &keys.all()[..2], |cmd: &mut Cmd| {
-                cmd.arg(token)
-                    .arg(args.cap)
-                    .arg(self.lease_ttl_us)
-                    .arg(args.min_delay_us)
-                    .arg(args.weight);
-            })
-            .await;
-        self.circuit.observe(&renewed);
-        renewed
-            .map(|n| n == 1)
-            .map_err(|e| unavailable(Op::Renew, e))
+    async fn renew(&self) -> Result<bool, Error> {
+        self.backend
+            .renew(&self.keys, &self.token, &self.args, self.lease_ttl_us)
+            .await
+            .map_err(|e| e.into_error(Op::Renew))
     }
 }

@@ -1,21 +1,7 @@
 -- acquire.lua: admit one request to a host, or say how long to wait.
 --
--- KEYS[1] gate    HASH  next (no send before, µs), holder + busy (serialized
---                       mode: the token sending now and its lease deadline),
---                       backoff (the adaptive backoff gap, µs; backoff.lua),
---                       booked + booked_next + before (the latest admission
---                       that moved next, what it set and what it found, so
---                       an abandon can take its gap back; see book)
--- KEYS[2] leases  ZSET  token -> lease deadline (µs); lease mode only; a
---                       request of weight w is w members (see members)
--- KEYS[3] admits  ZSET  token -> admission instant (µs); quota only; w
---                       members for a request of weight w; for a quota
---                       above 16, a HASH of buckets instead (see buckets)
--- KEYS[4] void    ZSET  token -> expiry (µs): acquires abandoned before
---                       they ran, which must book nothing when they do run
--- KEYS[5] waiting HASH  token -> "<arrival> <by>": the waiting line across
---                       replicas (see line in common.lua); an entry lives
---                       while now < by
+-- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   KEYS[4] void
+-- KEYS[5] waiting   (what each holds: "Keys in Redis" in docs/DESIGN.md)
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
 -- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
 -- ARGV[8] weight: slots of the cap and units of the quota it takes (1 in

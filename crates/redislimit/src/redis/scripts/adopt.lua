@@ -1,7 +1,7 @@
 -- adopt.lua: count a request already in flight, admitted in-process while
 -- Redis was unavailable, against the host's shared limits.
 --
--- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   (layout in acquire.lua)
+-- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   (docs/DESIGN.md, "Keys in Redis")
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
 -- ARGV[4] min_delay   ARGV[5] how long ago it was sent (µs)
 -- ARGV[6] quota (0 = off)   ARGV[7] window   ARGV[8] weight

@@ -1,7 +1,7 @@
 -- backoff.lua: move a host's adaptive backoff gap, shared by every
 -- replica, and hold the host for the gap now in force.
 --
--- KEYS[1] gate   (layout in acquire.lua; the gap is its `backoff` field)
+-- KEYS[1] gate   (docs/DESIGN.md, "Keys in Redis"; the gap is its `backoff` field)
 -- ARGV[1] step: 1 widens (an overload signal), 2 narrows (a success)
 -- ARGV[2] start (µs): the first gap, and the floor below which a
 --         narrowed gap is dropped

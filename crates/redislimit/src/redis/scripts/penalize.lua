@@ -1,6 +1,6 @@
 -- penalize.lua: hold a host back (Retry-After) on every replica.
 --
--- KEYS[1] gate   (layout in acquire.lua)
+-- KEYS[1] gate   (docs/DESIGN.md, "Keys in Redis")
 -- ARGV[1] hold (µs, already capped by the configured maximum penalty)
 -- ARGV[2] lease_ttl (how long garbage state is held off, see heal)
 --

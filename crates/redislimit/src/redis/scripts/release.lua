@@ -1,7 +1,7 @@
 -- release.lua: a request is complete (or its acquire was abandoned).
 --
 -- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   KEYS[4] void
--- KEYS[5] waiting                                     (layout in acquire.lua)
+-- KEYS[5] waiting                                     (docs/DESIGN.md, "Keys in Redis")
 -- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency
 -- ARGV[4] 1 when the acquire was abandoned before its caller saw the
 --         admission (or before its booked slot came): undo it without

@@ -1,6 +1,6 @@
 -- renew.lua: extend the lease of a request still in flight.
 --
--- KEYS[1] gate   KEYS[2] leases   (layout in acquire.lua)
+-- KEYS[1] gate   KEYS[2] leases   (docs/DESIGN.md, "Keys in Redis")
 -- ARGV[1] token   ARGV[2] cluster_concurrency   ARGV[3] lease_ttl
 -- ARGV[4] min_delay (serialized mode: owed after a dead holder's deadline)
 -- ARGV[5] weight (its members in leases)

@@ -1,9 +1,20 @@
 //! The Lua scripts, one per operation, and how they are run: EVALSHA, and
 //! EVAL when the server answers NOSCRIPT (a restart, a new Cluster node).
+//! Each script's arguments and replies are read and written in the module
+//! beside its `.lua` file (`scripts/acquire.rs` for `scripts/acquire.lua`).
+
+pub(super) mod acquire;
+pub(super) mod adopt;
+pub(super) mod agree;
+pub(super) mod backoff;
+pub(super) mod penalize;
+pub(super) mod register;
+pub(super) mod release;
+pub(super) mod renew;
 
 use std::sync::LazyLock;
 
-use deadpool_redis::redis::{self, Cmd, FromRedisValue, ParsingError, Value};
+use deadpool_redis::redis::{self, Cmd, FromRedisValue};
 use tokio::time::Instant;
 
 use super::pool::{Connections, QueryError};
@@ -73,30 +84,26 @@ macro_rules! script {
     };
 }
 
-pub(crate) static ACQUIRE: LazyLock<LuaScript> = script!("acquire.lua");
-pub(crate) static RELEASE: LazyLock<LuaScript> = script!("release.lua");
-pub(crate) static RENEW: LazyLock<LuaScript> = script!("renew.lua");
-pub(crate) static PENALIZE: LazyLock<LuaScript> = script!("penalize.lua");
-pub(crate) static BACKOFF: LazyLock<LuaScript> = script!("backoff.lua");
-pub(crate) static AGREE: LazyLock<LuaScript> = script!("agree.lua");
-pub(crate) static REGISTER: LazyLock<LuaScript> = script!("register.lua");
-pub(crate) static ADOPT: LazyLock<LuaScript> = script!("adopt.lua");
+static ACQUIRE: LazyLock<LuaScript> = script!("acquire.lua");
+static RELEASE: LazyLock<LuaScript> = script!("release.lua");
+static RENEW: LazyLock<LuaScript> = script!("renew.lua");
+static PENALIZE: LazyLock<LuaScript> = script!("penalize.lua");
+static BACKOFF: LazyLock<LuaScript> = script!("backoff.lua");
+static AGREE: LazyLock<LuaScript> = script!("agree.lua");
+static REGISTER: LazyLock<LuaScript> = script!("register.lua");
+static ADOPT: LazyLock<LuaScript> = script!("adopt.lua");
 
-/// What acquire.lua answers, as three integers (see its header): an
-/// admission at once comes as the Redis clock alone (an integer reply costs
-/// the server less than a table) and reads as `[1, now, 0]`.
+/// Why a script call gave no answer its caller can use.
 #[derive(Debug)]
-pub(crate) struct AcquireReply(pub(crate) Vec<i64>);
+pub(crate) enum ScriptError {
+    /// The call failed (see [`QueryError`]).
+    Query(QueryError),
+    /// Redis answered something the script never returns.
+    BadReply(String),
+}
 
-impl FromRedisValue for AcquireReply {
-    fn from_redis_value_ref(v: &Value) -> Result<Self, ParsingError> {
-        match v {
-            Value::Int(now) => Ok(Self(vec![1, *now, 0])),
-            other => Vec::from_redis_value_ref(other).map(Self),
-        }
-    }
-
-    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        Self::from_redis_value_ref(&v)
+impl From<QueryError> for ScriptError {
+    fn from(err: QueryError) -> Self {
+        Self::Query(err)
     }
 }

@@ -1,0 +1,286 @@
+//! `Backend`: what one `RedisLimiter` sends to Redis, and through what.
+//!
+//! It owns the connection, the circuit (every call observes it: see
+//! `circuit.rs`), the turns for calls in flight ([`MAX_CALLS`]) and the
+//! measures of the way to Redis (the clock's offset, the round trip), and
+//! offers one typed method per script. A call fails with a [`CallError`]
+//! that says whether it may have run, never with an error to downcast.
+
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+use super::circuit::Circuit;
+use super::clock::{RedisClock, RoundTrip};
+use super::keys::RedisKeys;
+use super::pool::{Connections, QueryError, RedisPool};
+use super::scripts::{self, ScriptError, acquire, agree, backoff};
+use super::settings::Args;
+use crate::{Error, Op};
+
+/// Acquire calls one limiter has in flight at once, and release calls; more
+/// wait their turn in process. A crawl starts with one acquire per host:
+/// ten thousand at once from each of eight replicas kept Redis busy for
+/// seconds, and their replies outlasted the response timeout (500 ms by
+/// default), so the circuit opened and replicas paced alone for a moment.
+/// Sixty-four calls keep a replica's queue in Redis to a few milliseconds,
+/// and are far more than a process needs when the hosts' slots spread its
+/// calls out. Releases (hand-backs and leaving the waiting line among them)
+/// take turns of their own: queued behind a crowd of acquires, a release
+/// kept its host booked (and those acquires waiting for it) for as long as
+/// the crowd took. Renewals, penalties and the heartbeat are few, and go
+/// straight.
+const MAX_CALLS: usize = 64;
+
+/// Why a call to Redis gave no answer its caller can use.
+#[derive(Debug)]
+pub(super) enum CallError {
+    /// Not sent: Redis failed to answer moments ago (the circuit is open).
+    Skipped,
+    /// The call failed: no connection, a refusal, a timeout, a connection
+    /// lost, an error reply. `may_have_run` when it may have reached Redis
+    /// and run though no answer came back (it timed out or lost its
+    /// connection after being sent, rather than never leaving).
+    Failed { err: QueryError, may_have_run: bool },
+    /// Redis answered something the script never returns.
+    BadReply(String),
+}
+
+impl CallError {
+    /// Whether the call may have run in Redis though its caller never heard
+    /// the answer (a booking to take back).
+    pub(super) fn may_have_run(&self) -> bool {
+        matches!(
+            self,
+            Self::Failed {
+                may_have_run: true,
+                ..
+            }
+        )
+    }
+
+    /// The error a caller of `op` sees.
+    pub(super) fn into_error(self, op: Op) -> Error {
+        match self {
+            Self::Skipped => Error::unavailable(
+                op,
+                "Redis failed to answer moments ago; it is asked again once a second",
+            ),
+            Self::Failed {
+                err: QueryError::Redis(e),
+                ..
+            } => Error::unavailable(op, e),
+            Self::Failed {
+                err: QueryError::Pool(e),
+                ..
+            } => Error::Unavailable { op, source: e },
+            Self::BadReply(why) => Error::unavailable(op, why),
+        }
+    }
+}
+
+/// The connection to Redis of one limiter, and the state of the way there.
+pub(super) struct Backend {
+    redis: Connections,
+    circuit: Circuit,
+    acquires: Semaphore,
+    releases: Semaphore,
+    /// Where this process's clock stands against Redis `TIME`.
+    clock: RedisClock,
+    /// How long a script call takes, as measured here.
+    round_trip: RoundTrip,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend")
+            .field("pool", self.redis.pool())
+            .field("circuit", &self.circuit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend {
+    pub(super) fn new(pool: RedisPool) -> Self {
+        Self {
+            redis: Connections::new(pool),
+            circuit: Circuit::new(),
+            acquires: Semaphore::new(MAX_CALLS),
+            releases: Semaphore::new(MAX_CALLS),
+            clock: RedisClock::default(),
+            round_trip: RoundTrip::default(),
+        }
+    }
+
+    /// The pool calls are made through.
+    pub(super) fn pool(&self) -> &RedisPool {
+        self.redis.pool()
+    }
+
+    /// Whether Redis is skipped for now after it failed to answer (see
+    /// [`Circuit::open`]: a caller may be chosen to probe it).
+    pub(super) fn circuit(&self) -> &Circuit {
+        &self.circuit
+    }
+
+    /// How late `now` is after `redis_us` on the Redis clock, at most.
+    pub(super) fn late(&self, redis_us: u64, now: Instant) -> Duration {
+        self.clock.late(redis_us, now)
+    }
+
+    /// The round trip of a script call, as measured.
+    pub(super) fn round_trip(&self) -> Duration {
+        self.round_trip.get()
+    }
+
+    /// A turn for an acquire call (see [`MAX_CALLS`]); `None` once the
+    /// turns are closed.
+    pub(super) async fn acquire_turn(&self) -> Option<SemaphorePermit<'_>> {
+        self.acquires.acquire().await.ok()
+    }
+
+    /// Takes what a call said about Redis into the circuit.
+    fn observe<T>(&self, result: Result<T, ScriptError>) -> Result<T, CallError> {
+        match result {
+            Ok(value) => {
+                self.circuit.answered();
+                Ok(value)
+            }
+            Err(ScriptError::BadReply(why)) => {
+                self.circuit.answered();
+                Err(CallError::BadReply(why))
+            }
+            Err(ScriptError::Query(err)) => {
+                self.circuit.observe_failure(&err);
+                Err(classify(err))
+            }
+        }
+    }
+
+    /// `PING`.
+    pub(super) async fn ping(&self) -> Result<(), CallError> {
+        let pong = self
+            .redis
+            .query::<String>(&deadpool_redis::redis::cmd("PING"))
+            .await
+            .map_err(ScriptError::Query);
+        self.observe(pong).map(drop)
+    }
+
+    /// acquire.lua (see [`acquire::run`]), in a turn the caller took.
+    pub(super) async fn acquire(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        args: &Args,
+        lease_ttl_us: u64,
+        horizon: Duration,
+    ) -> Result<acquire::Reply, CallError> {
+        let horizon_us = horizon.as_micros().min(u128::from(u64::MAX)) as u64;
+        let (reply, sent) =
+            acquire::run(&self.redis, keys, token, args, lease_ttl_us, horizon_us).await;
+        if reply.is_ok() {
+            self.round_trip.observe(sent.elapsed());
+        }
+        if let Ok(acquire::Reply::Admitted { now_us, .. }) = &reply {
+            self.clock.observe(sent, *now_us);
+        }
+        self.observe(reply)
+    }
+
+    /// release.lua, in a release turn: whether the token still held its
+    /// slot.
+    pub(super) async fn release(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        abandoned: bool,
+        args: &Args,
+        lease_ttl_us: u64,
+    ) -> Result<bool, CallError> {
+        let _turn = self.releases.acquire().await;
+        let held =
+            scripts::release::run(&self.redis, keys, token, abandoned, args, lease_ttl_us).await;
+        self.observe(held)
+    }
+
+    /// renew.lua: whether the token still held its slot.
+    pub(super) async fn renew(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        args: &Args,
+        lease_ttl_us: u64,
+    ) -> Result<bool, CallError> {
+        let renewed = scripts::renew::run(&self.redis, keys, token, args, lease_ttl_us).await;
+        self.observe(renewed)
+    }
+
+    /// adopt.lua, for a request sent `ago_us` ago: whether it holds a slot.
+    pub(super) async fn adopt(
+        &self,
+        keys: &RedisKeys,
+        token: &str,
+        args: &Args,
+        lease_ttl_us: u64,
+        ago_us: u64,
+    ) -> Result<bool, CallError> {
+        let adopted =
+            scripts::adopt::run(&self.redis, keys, token, args, lease_ttl_us, ago_us).await;
+        self.observe(adopted)
+    }
+
+    /// penalize.lua on `gate`.
+    pub(super) async fn penalize(
+        &self,
+        gate: &str,
+        hold_us: u64,
+        lease_ttl_us: u64,
+    ) -> Result<(), CallError> {
+        let penalized = scripts::penalize::run(&self.redis, gate, hold_us, lease_ttl_us).await;
+        self.observe(penalized).map(drop)
+    }
+
+    /// backoff.lua on `gate`: the gap in force (µs; 0: not backing off).
+    pub(super) async fn back_off(
+        &self,
+        gate: &str,
+        step: backoff::Step,
+        lease_ttl_us: u64,
+    ) -> Result<u64, CallError> {
+        let gap = backoff::run(&self.redis, gate, step, lease_ttl_us).await;
+        self.observe(gap)
+    }
+
+    /// agree.lua on the scope's record `key`.
+    pub(super) async fn agree(
+        &self,
+        key: &str,
+        settings: &str,
+        ttl_us: u64,
+    ) -> Result<agree::Reply, CallError> {
+        let reply = agree::run(&self.redis, key, settings, ttl_us).await;
+        self.observe(reply)
+    }
+
+    /// register.lua on the scope's registry `key`: the live replicas.
+    pub(super) async fn register(
+        &self,
+        key: &str,
+        id: &str,
+        ttl_us: u64,
+    ) -> Result<Vec<String>, CallError> {
+        let ids = scripts::register::run(&self.redis, key, id, ttl_us).await;
+        self.observe(ids)
+    }
+}
+
+/// A failed call, and whether it may have run.
+fn classify(err: QueryError) -> CallError {
+    let may_have_run = matches!(
+        &err,
+        QueryError::Redis(e) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped()
+    );
+    CallError::Failed { err, may_have_run }
+}

@@ -1,0 +1,403 @@
+//! `RedisLimiterBuilder`: a `RedisLimiter`'s settings, validated when it
+//! is built.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::agreement::Agreement;
+use super::backend::Backend;
+use super::core::{Core, Queues};
+use super::keys::check_name;
+use super::lateness::Lateness;
+use super::limiter::RedisLimiter;
+use super::pool::RedisPool;
+use super::registry::Registry;
+use super::renew::Renewals;
+use super::settings::{Args, LINE_SLACK, Mode, Settings, quota_buckets};
+use crate::fallback::FallbackPolicy;
+use crate::pacing::micros;
+use crate::{ConfigError, DomainLimiter, Hooks, NoHooks, Pacing, Policies};
+
+impl RedisLimiter {
+    /// Starts a limiter for `scope` (e.g. `domain` for crawling, `search`
+    /// for API queries; two scopes never consume each other's quota) over
+    /// `pool`.
+    pub fn builder(pool: RedisPool, scope: impl Into<String>) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            pool,
+            prefix: "redislimit".to_owned(),
+            scope: scope.into(),
+            policies: Policies::default(),
+            cluster_concurrency: 0,
+            lease_ttl: Self::DEFAULT_LEASE_TTL,
+            concurrency_retry: None,
+            book_ahead: RedisLimiter::DEFAULT_BOOK_AHEAD,
+            slot_margin: RedisLimiter::DEFAULT_SLOT_MARGIN,
+            max_lateness: RedisLimiter::DEFAULT_MAX_LATENESS,
+            hooks: Arc::new(NoHooks),
+            fallback_policy: FallbackPolicy::default(),
+            expected_replicas: 1,
+        }
+    }
+}
+
+/// Builds a [`RedisLimiter`]; see its documentation for the controls.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RedisLimiterBuilder {
+    pool: RedisPool,
+    prefix: String,
+    scope: String,
+    policies: Policies,
+    cluster_concurrency: u32,
+    lease_ttl: Duration,
+    concurrency_retry: Option<Duration>,
+    book_ahead: Duration,
+    slot_margin: Duration,
+    max_lateness: Duration,
+    hooks: Arc<dyn Hooks>,
+    fallback_policy: FallbackPolicy,
+    expected_replicas: u32,
+}
+
+impl fmt::Debug for RedisLimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiterBuilder")
+            .field("prefix", &self.prefix)
+            .field("scope", &self.scope)
+            .field("policies", &self.policies)
+            .field("cluster_concurrency", &self.cluster_concurrency)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("concurrency_retry", &self.concurrency_retry)
+            .field("book_ahead", &self.book_ahead)
+            .field("slot_margin", &self.slot_margin)
+            .field("max_lateness", &self.max_lateness)
+            .field("fallback_policy", &self.fallback_policy)
+            .field("expected_replicas", &self.expected_replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLimiterBuilder {
+    /// What the fallback of [`RedisLimiter::with_fallback`] does while Redis
+    /// is unavailable (default [`FallbackPolicy::Share`]); see
+    /// [`FallbackPolicy`]. Not part of the configuration agreement: it
+    /// shapes this process only.
+    pub fn fallback_policy(mut self, policy: FallbackPolicy) -> Self {
+        self.fallback_policy = policy;
+        self
+    }
+
+    /// How many replicas the fallback policy assumes when this limiter never
+    /// saw the replica registry (it started while Redis was away); default
+    /// 1. Set it to the number of replicas you run.
+    pub fn expected_replicas(mut self, n: u32) -> Self {
+        self.expected_replicas = n.max(1);
+        self
+    }
+
+    /// The key namespace shared by every scope (default `redislimit`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The pacing of every host (default: [`Pacing::default`]); replaces
+    /// any [`policies`](Self::policies) set before.
+    pub fn pacing(mut self, pacing: Pacing) -> Self {
+        self.policies = Policies::new(pacing);
+        self
+    }
+
+    /// A default pacing, per-host rules and keying (see [`Policies`]); the
+    /// rules are part of the configuration agreement, so replicas with
+    /// other rules are refused as with other settings. A rule's own
+    /// [`cluster_concurrency`](crate::Rule::with_cluster_concurrency)
+    /// replaces this builder's for its hosts.
+    pub fn policies(mut self, policies: Policies) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    /// The cap on requests in flight per host across all replicas; 0 (the
+    /// default) selects serialized mode. Also raises the per-process
+    /// `max_concurrent` when it is smaller, so one process never keeps the
+    /// cluster below its cap.
+    pub fn cluster_concurrency(mut self, n: u32) -> Self {
+        self.cluster_concurrency = n;
+        self
+    }
+
+    /// How long a slot stays booked without a release or a renewal
+    /// (default 30 s); see "Sizing `lease_ttl`" on [`RedisLimiter`].
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How soon to ask again when the host's in-flight cap is taken
+    /// (plus jitter). A slot frees on another replica's release, which
+    /// nothing announces, so this is a short retry.
+    ///
+    /// The default is 50 ms, or `min_delay` when that is shorter: in
+    /// serialized mode no send can follow the release it waits for by less
+    /// than `min_delay`, so a waiter that asks at least that often is
+    /// admitted at the first allowed instant and the host's pace loses
+    /// nothing to polling.
+    pub fn concurrency_retry(mut self, retry: Duration) -> Self {
+        self.concurrency_retry = Some(retry);
+        self
+    }
+
+    /// How far ahead of its slot a waiter may be booked (default zero:
+    /// only when the host is free). A waiter that asks Redis within this
+    /// of its host's next allowed send is booked for that instant at once
+    /// and sends at it, timed in process to a fraction of a millisecond.
+    /// The booking counts (in flight, in the quota, for the gap) from its
+    /// slot; an acquire dropped before it hands it back. Hosts whose
+    /// pacing has jitter are never booked ahead. Not part of the
+    /// configuration agreement: it shapes this process's timing only. At
+    /// most `lease_ttl`.
+    ///
+    /// Without it a waiter asks again so as to reach Redis
+    /// [`slot_margin`](Self::slot_margin) after its slot, and is admitted
+    /// then. A booked waiter loses nothing of the pace, but the slots are
+    /// fixed in Redis: a send that leaves late because its process was
+    /// busy (a millisecond or more on an overloaded machine) is that much
+    /// closer to the next one. Book ahead when throughput matters more
+    /// than each gap, as against an API's token bucket; leave it off
+    /// against servers that judge every gap, as nginx's `limit_req`
+    /// without a burst does. Make it cover a round trip to Redis and a
+    /// timer tick with room to spare (10 ms, say).
+    pub fn book_ahead(mut self, ahead: Duration) -> Self {
+        self.book_ahead = ahead;
+        self
+    }
+
+    /// How long after its host's next allowed send a waiter aims to reach
+    /// Redis (default 100 µs). A waiter told to wait asks again a measured
+    /// round trip before its slot plus this margin, timed in process to a
+    /// fraction of a millisecond, and is admitted as its call arrives; the
+    /// pace loses about this much per admission (at 200 requests a second,
+    /// 100 µs gets about 95 % of the pace, 1 ms about 84 %).
+    ///
+    /// Sends that leave late are not the margin's to absorb: an admission
+    /// that reaches a busy process late is covered by the room its acquire
+    /// kept for that, or handed back (see
+    /// [`max_lateness`](Self::max_lateness)). A wider margin only keeps
+    /// the calls of waiters that run late (a timer woken late, a round
+    /// trip longer than measured) from reaching Redis before their slot
+    /// and being told to wait again. See "Performance" in the README,
+    /// measured.
+    pub fn slot_margin(mut self, margin: Duration) -> Self {
+        self.slot_margin = margin;
+        self
+    }
+
+    /// How late, beyond the room its acquire kept for this process's
+    /// lateness, an admission may reach its caller and still be sent
+    /// (default 2 ms; [`Duration::MAX`]: however late, with no room kept).
+    /// Redis admits a request at or after its slot, but the reply can
+    /// reach a busy process late, and a request that then leaves late is
+    /// that much closer to the next one, which another replica may send on
+    /// time. Where that matters (a `min_delay` in lease mode, or a quota),
+    /// each acquire asks Redis to keep room after its slot for the lateness
+    /// this process's admissions met lately (see "Late admissions" on
+    /// [`RedisLimiter`]), and an admission later than its room and this is
+    /// handed back at once, as a request never sent, and asked for again
+    /// with room for twice its lateness; the upstream then sees no gap more
+    /// than this short of `min_delay` from lateness on the way to the
+    /// caller (a request can still leave late after its permit is granted).
+    ///
+    /// Lateness is reckoned on the Redis clock, whose offset from this
+    /// process's monotonic clock each admission bounds: it is never
+    /// understated, and overstated by at most the quickest round trip of
+    /// the last 10-20 s (a Redis far away is late by its way back: a replica
+    /// nearer to it would send sooner). For up to 20 s after the Redis clock
+    /// steps forward it is understated by the step; under a Cluster whose
+    /// clocks disagree, it is understated for the nodes ahead. The
+    /// admission handed back leaves the waiting line across replicas: it
+    /// had its turn, and asks again behind those waiting. Every late
+    /// admission is reported to [`Hooks::on_late_admission`]. Serialized
+    /// mode counts the gap from each completion, which lateness does not
+    /// shorten; admissions booked ahead (see [`book_ahead`](Self::book_ahead))
+    /// keep their slots. Not part of the configuration agreement (nor is
+    /// [`slot_margin`](Self::slot_margin)): replicas may differ in it, as it
+    /// shapes only this process's sends.
+    pub fn max_lateness(mut self, lateness: Duration) -> Self {
+        self.max_lateness = lateness;
+        self
+    }
+
+    /// Where decisions and failures are reported (default: nowhere).
+    pub fn hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Validates the configuration and builds the limiter. Nothing is sent
+    /// to Redis until the first acquire.
+    pub fn build(self) -> Result<RedisLimiter, ConfigError> {
+        check_name("prefix", &self.prefix)?;
+        check_name("scope", &self.scope)?;
+        let lease_ttl_us = micros("lease_ttl", self.lease_ttl)?;
+        if lease_ttl_us == 0 {
+            return Err(ConfigError::Zero { field: "lease_ttl" });
+        }
+        if self.lease_ttl < RedisLimiter::MIN_LEASE_TTL {
+            return Err(ConfigError::TooShort {
+                field: "lease_ttl",
+                value: self.lease_ttl,
+                min: RedisLimiter::MIN_LEASE_TTL,
+            });
+        }
+        let concurrency_retry = self.concurrency_retry.unwrap_or_else(|| {
+            let min_delay = self.policies.default_pacing().min_delay();
+            if min_delay.is_zero() {
+                RedisLimiter::DEFAULT_CONCURRENCY_RETRY
+            } else {
+                min_delay.clamp(
+                    Duration::from_millis(1),
+                    RedisLimiter::DEFAULT_CONCURRENCY_RETRY,
+                )
+            }
+        });
+        micros("book_ahead", self.book_ahead)?;
+        micros("slot_margin", self.slot_margin)?;
+        if self.max_lateness.is_zero() {
+            return Err(ConfigError::Zero {
+                field: "max_lateness",
+            });
+        }
+        if self.book_ahead > self.lease_ttl {
+            // A booked lease must outlive the wait for its slot.
+            return Err(ConfigError::TooLong {
+                field: "book_ahead",
+                value: self.book_ahead,
+                max: self.lease_ttl,
+            });
+        }
+        if micros("concurrency_retry", concurrency_retry)? == 0 {
+            return Err(ConfigError::Zero {
+                field: "concurrency_retry",
+            });
+        }
+        let policies = self.policies;
+        let default_cap = self.cluster_concurrency;
+        let args: Box<[Args]> = (0..policies.len())
+            .map(|i| {
+                // Validated by `Pacing`'s own builder.
+                let pacing = policies.at(i);
+                let min_delay_us = pacing.min_delay().as_micros() as u64;
+                let window_us = pacing.window().as_micros() as u64;
+                let max_penalty_us = pacing.max_penalty().as_micros() as u64;
+                Args {
+                    mode: Mode::from_cap(policies.cluster_concurrency_at(i, default_cap)),
+                    min_delay_us,
+                    quota: pacing.quota(),
+                    window_us,
+                    max_wait_us: max_penalty_us
+                        .max(lease_ttl_us.saturating_add(min_delay_us))
+                        .max(window_us)
+                        .min(crate::MAX_MICROS),
+                    weight: 1,
+                    bucket_us: quota_buckets(pacing.quota(), window_us),
+                    admitted_us: 0,
+                    room_us: 0,
+                    patience_us: (concurrency_retry
+                        + pacing.jitter()
+                        + self.slot_margin
+                        + LINE_SLACK)
+                        .as_micros()
+                        .min(u128::from(crate::MAX_MICROS)) as u64,
+                }
+            })
+            .collect();
+        // Hosts of one domain share one gate: a serialized host's holder
+        // would mean nothing to a lease-mode host beside it.
+        if policies.key_by() == crate::KeyBy::RegistrableDomain
+            && let Some(i) = (1..args.len())
+                .find(|&i| (args[i].mode == Mode::Serialized) != (args[0].mode == Mode::Serialized))
+        {
+            return Err(ConfigError::InvalidRule {
+                rule: policies.rules()[i - 1].pattern().to_owned(),
+                reason: "keyed by registrable domain, hosts of one domain share one state in \
+                         Redis: a rule cannot be serialized when the default is in lease mode, \
+                         or the other way round",
+            });
+        }
+        // ... and one quota record: kept per admission (up to
+        // EXACT_QUOTA_MAX) or in buckets, the same way for all of them.
+        let bucketed = |a: &Args| (a.quota > 0).then_some(a.bucket_us > 0);
+        if policies.key_by() == crate::KeyBy::RegistrableDomain
+            && let Some(first) = args.iter().find_map(bucketed)
+            && let Some(i) = (1..args.len()).find(|&i| bucketed(&args[i]) == Some(!first))
+        {
+            return Err(ConfigError::InvalidRule {
+                rule: policies.rules()[i - 1].pattern().to_owned(),
+                reason: "keyed by registrable domain, hosts of one domain share one quota record \
+                         in Redis: quotas of up to 16 per window (kept per admission) and larger \
+                         ones (kept in buckets) cannot be mixed",
+            });
+        }
+        // ... whose records each acquire trims to its own window: a shorter
+        // window would drop what a longer one still counts.
+        let window = |a: &Args| (a.quota > 0).then_some(a.window_us);
+        if policies.key_by() == crate::KeyBy::RegistrableDomain
+            && let Some(first) = args.iter().find_map(window)
+            && let Some(i) = (1..args.len()).find(|&i| window(&args[i]).is_some_and(|w| w != first))
+        {
+            return Err(ConfigError::InvalidRule {
+                rule: policies.rules()[i - 1].pattern().to_owned(),
+                reason: "keyed by registrable domain, hosts of one domain share one quota record \
+                         in Redis: their quotas must count in the same window",
+            });
+        }
+        // The per-process cap of each policy, raised to its cluster cap.
+        let local = policies.map(|i, pacing| {
+            Pacing::default()
+                .with_max_concurrent(pacing.max_concurrent().max(args[i].mode.script_cap()))
+                .with_max_queued(pacing.max_queued())
+        });
+        let pollers = policies.map(|_, _| Pacing::default());
+        let agreement = Agreement::new(
+            &self.prefix,
+            &self.scope,
+            &policies,
+            |i| args[i].mode,
+            self.lease_ttl,
+        );
+        let registry = Arc::new(Registry::new(&self.prefix, &self.scope));
+        let settings = Settings {
+            prefix: self.prefix,
+            scope: self.scope,
+            policies,
+            cluster_concurrency: self.cluster_concurrency,
+            lease_ttl: self.lease_ttl,
+            lease_ttl_us,
+            concurrency_retry,
+            book_ahead: self.book_ahead,
+            slot_margin: self.slot_margin,
+            max_lateness: self.max_lateness,
+            fallback_policy: self.fallback_policy,
+            expected_replicas: self.expected_replicas,
+            args,
+        };
+        let core = Core {
+            settings: Arc::new(settings),
+            backend: Arc::new(Backend::new(self.pool)),
+            hooks: self.hooks,
+            queues: Queues {
+                local: DomainLimiter::new(local),
+                pollers: DomainLimiter::tracking_in_flight(pollers.clone()),
+                heavy: DomainLimiter::tracking_in_flight(pollers),
+            },
+            agreement,
+            registry,
+            renewals: Arc::new(Renewals::new(self.lease_ttl / 2)),
+            lateness: Lateness::new(self.lease_ttl / 2),
+            lifecycle: Arc::default(),
+        };
+        Ok(RedisLimiter::from_core(core))
+    }
+}
