@@ -50,7 +50,7 @@ pub fn main() -> ExitCode {
         Ok(None) => ExitCode::SUCCESS,
         Ok(Some(signal)) => ExitCode::from(128 + u8::try_from(signal).unwrap_or(0)),
         Err(err) => {
-            tracing::error!("{}", redislimit::Causes(err.as_ref()));
+            tracing::error!("{}", redislimit::error::Causes(err.as_ref()));
             ExitCode::from(2)
         }
     }

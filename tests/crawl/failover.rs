@@ -54,9 +54,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use examples::crawl::{Args, Crawler, Fetched};
-use redislimit::{
-    FallbackPolicy, HostKey, Limiter, RedisKeys, RedisLimiter, RedisPool, RedisTimeouts,
-};
+use redislimit::{FallbackPolicy, Limiter, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::record::{Request, max_in_flight, max_in_window};
 use redislimit_tests::{RedisCluster, RedisSentinel, RedisServer, Upstream};
 
@@ -139,12 +138,8 @@ impl Failover {
 }
 
 /// The keys of `host` the crawl paces with (default prefix and scope).
-fn keys_of(host: &str) -> RedisKeys {
-    RedisKeys::new(
-        "redislimit",
-        "domain",
-        &HostKey::parse(&format!("http://{host}/")).unwrap(),
-    )
+fn keys_of(host: &str) -> HostKeys {
+    HostKeys::of("domain", host)
 }
 
 /// Microseconds on `node`'s clock (`TIME`).

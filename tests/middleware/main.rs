@@ -13,7 +13,8 @@ mod weights;
 use std::future::Future;
 use std::time::Duration;
 
-use redislimit::{DomainLimiter, Pacing, PacingBuilder};
+use redislimit::pacing::PacingBuilder;
+use redislimit::{DomainLimiter, Pacing};
 use redislimit_tests::Upstream;
 use redislimit_tests::record::Request;
 

@@ -31,7 +31,7 @@ fn replica(server: &RedisServer, upstream: &Upstream) -> (Replica, ClientWithMid
             )
             .cluster_concurrency(3)
             .lease_ttl(Duration::from_secs(2))
-            .concurrency_retry(10 * MS)
+            .tuning(redislimit::Tuning::default().with_concurrency_retry(10 * MS))
             .build()
             .unwrap()
             .with_fallback(),

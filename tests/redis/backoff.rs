@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redislimit::{BackoffStep, Limiter, RedisLimiter};
+use redislimit::http::Backoff;
+use redislimit::{Limiter, RedisLimiter};
 use redislimit_reqwest::PacingMiddleware;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::{RedisServer, Upstream};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 
@@ -59,16 +61,9 @@ async fn a_bare_503_widens_one_gap_for_every_replica() {
     let slack = 15 * MS;
     assert!(gaps[0] + slack >= Duration::from_secs(1), "{gaps:?}");
     assert!(gaps[1] + slack >= Duration::from_secs(2), "{gaps:?}");
-    // The gap in Redis is A's to narrow too: the next widen doubles it.
-    let step = BackoffStep::Widen {
-        start: Duration::from_secs(1),
-        max: Duration::from_secs(600),
-    };
-    let widened = a
-        .back_off_host(host("a.test"), step)
-        .unwrap()
-        .await
-        .unwrap();
+    // The gap in Redis is A's to move too: a widen by A's own (fresh)
+    // backoff doubles it (kept in this process alone, it would be 1 s).
+    let widened = Backoff::default().widen_through(&*a, &host("a.test")).await;
     assert_eq!(widened, Some(Duration::from_secs(8)));
 }
 
@@ -80,14 +75,20 @@ async fn successes_narrow_the_shared_gap_away() {
     let l = replica(&server);
     let h = host("n.test");
     let s = Duration::from_secs;
-    let widen = BackoffStep::Widen {
-        start: s(1),
-        max: s(3),
-    };
-    let narrow = BackoffStep::Narrow { start: s(1) };
+    let backoff = Backoff::new(s(1), s(3));
+    let gate = HostKeys::of("test", h.as_str()).gate;
     let mut gaps = Vec::new();
-    for step in [widen, widen, widen, widen, narrow, narrow, narrow, narrow] {
-        gaps.push(l.back_off_host(h.clone(), step).unwrap().await.unwrap());
+    for widen in [true, true, true, true, false, false, false, false] {
+        let gap = if widen {
+            backoff.widen_through(&*l, &h).await
+        } else {
+            backoff.narrow_through(&*l, &h).await
+        };
+        // The gap is the one in Redis, where every replica reads it.
+        let shared = server.query(&["HGET", &gate, "backoff"]);
+        let micros = gap.map(|gap| gap.as_micros().to_string());
+        assert_eq!(shared.as_str(), micros.as_deref(), "{gap:?}");
+        gaps.push(gap);
     }
     let us = |n| Some(Duration::from_micros(n));
     let expected = [
@@ -102,9 +103,8 @@ async fn successes_narrow_the_shared_gap_away() {
     ];
     assert_eq!(gaps, expected);
     // Garbage where the gap is kept: healed, the host still held.
-    let keys = l.keys(&h);
-    server.command(&["HSET", &keys.gate, "backoff", "soon"]);
-    let healed = l.back_off_host(h.clone(), widen).unwrap().await.unwrap();
+    server.command(&["HSET", &gate, "backoff", "soon"]);
+    let healed = Backoff::new(s(1), s(3)).widen_through(&*l, &h).await;
     assert_eq!(healed, Some(s(1)));
     let start = std::time::Instant::now();
     l.acquire_host("t", h, None).await.unwrap().release();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redislimit::{Error, Hooks, Limiter, Op, RedisLimiter};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::resp::Reply;
 use tokio::time::Instant;
 
@@ -157,7 +158,7 @@ async fn acquires_refused_by_the_circuit_send_nothing() {
     server.resume();
     // Releases are retried until Redis answers: give them time to land.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let keys = l.keys(&h);
+    let keys = HostKeys::of("test", h.as_str());
     let Reply::Integer(voided) = server.query(&["ZCARD", &keys.void]) else {
         panic!("the void set is not a sorted set");
     };
@@ -203,7 +204,7 @@ async fn a_crowd_of_first_acquires_opens_nothing() {
     bounded(60, l.close(None)).await.unwrap();
     assert_eq!(errors.0.load(Ordering::SeqCst), 0, "errors reported");
     for i in [0, HOSTS / 2, HOSTS - 1] {
-        let gate = l.keys(&host(&name(i))).gate;
+        let gate = HostKeys::of("test", &name(i)).gate;
         assert_eq!(
             server.query(&["HGET", &gate, "holder"]),
             Reply::Bulk(None),

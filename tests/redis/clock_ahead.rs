@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redislimit::{Limiter, RedisLimiter};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::resp::Reply;
 
 use crate::{MS, bounded, host, limiter, standalone};
@@ -193,12 +194,12 @@ async fn a_failover_to_a_clock_ahead_ends_a_lease_early_by_the_skew_only() {
             |b| {
                 b.cluster_concurrency(1)
                     .lease_ttl(LEASE)
-                    .concurrency_retry(10 * MS)
+                    .tuning(redislimit::Tuning::default().with_concurrency_retry(10 * MS))
             },
         )
     };
     let holder = make(&master.url());
-    let keys = holder.keys(&host("a.test"));
+    let keys = HostKeys::of("test", "a.test");
     // Both clocks read around the admission, which happens in between.
     let (ahead_before, master_before) = (time_us(&replica), time_us(&master));
     let before = crash_while_holding(holder);

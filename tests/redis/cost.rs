@@ -53,7 +53,7 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
             |b| {
                 b.cluster_concurrency(cap)
                     .prefix(format!("cap{cap}"))
-                    .max_lateness(Duration::MAX)
+                    .tuning(redislimit::Tuning::default().with_max_lateness(Duration::MAX))
             },
         );
         // Warm up: the connection is made and the script cached.
@@ -95,7 +95,7 @@ async fn a_renewal_is_sent_only_for_a_permit_held_until_it_is_due() {
         |b| {
             b.cluster_concurrency(3)
                 .lease_ttl(ttl)
-                .max_lateness(Duration::MAX)
+                .tuning(redislimit::Tuning::default().with_max_lateness(Duration::MAX))
         },
     );
     drop(l.acquire_host("t", host("warm.test"), None).await.unwrap());

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redislimit::{Limiter, RedisKeys};
+use redislimit::Limiter;
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::record::{Request, assert_serialized, min_send_gap};
 use redislimit_tests::resp::Reply;
 
@@ -98,7 +99,10 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
         limiter(
             standalone(&server.url()),
             |p| p.min_delay(300 * MS),
-            move |b| b.cluster_concurrency(10).concurrency_retry(retry),
+            move |b| {
+                b.cluster_concurrency(10)
+                    .tuning(redislimit::Tuning::default().with_concurrency_retry(retry))
+            },
         )
     };
     let (a, b, c) = (
@@ -107,7 +111,7 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
         make(Duration::from_millis(50)),
     );
     let h = host("line.test");
-    let keys: RedisKeys = a.keys(&h);
+    let keys = HostKeys::of("test", h.as_str());
     let first = a.acquire_host("t", h.clone(), None).await.unwrap();
     // B asks next and waits at the head of the line, C behind it.
     let b_waits = tokio::spawn({
@@ -189,7 +193,8 @@ async fn hosts_of_one_domain_under_other_rules_do_not_wait_behind_each_other() {
         let a = a.clone();
         async move { a.acquire_host("t", api, None).await }
     });
-    let keys = a.keys(&host("api.lane.com"));
+    // Keyed by domain, each rule's requests wait in a line of their own.
+    let keys = HostKeys::of("test", "lane.com").in_lane("api.lane.com");
     bounded(5, async {
         while server.query(&["HLEN", &keys.waiting]) != Reply::Integer(1) {
             tokio::time::sleep(MS).await;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use redislimit::{Hooks, Limiter};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 
 use crate::{MS, bounded, host, limiter, standalone};
 
@@ -41,7 +42,7 @@ async fn garbage_in_the_keys_is_replaced_within_one_lease() {
                     .hooks(repairs.clone())
             },
         );
-        let keys = l.keys(&host("a.test"));
+        let keys = HostKeys::with_prefix(&format!("cap{cap}"), "test", "a.test");
         let corruptions: Vec<Vec<&str>> = vec![
             vec!["SET", &keys.gate, "not a hash"],
             vec!["HSET", &keys.gate, "next", "soon"],
@@ -110,7 +111,7 @@ async fn every_operation_heals_what_it_meets() {
         |p| p.min_delay(10 * MS),
         |b| b.cluster_concurrency(1).lease_ttl(LEASE),
     );
-    let keys = l.keys(&host("b.test"));
+    let keys = HostKeys::of("test", "b.test");
     server.command(&["SET", &keys.gate, "garbage"]);
     bounded(5, l.penalize_host(host("b.test"), 10 * MS))
         .await
@@ -147,7 +148,7 @@ async fn garbage_in_a_bucketed_quota_is_replaced_within_one_lease() {
                 .hooks(repairs.clone())
         },
     );
-    let keys = l.keys(&host("a.test"));
+    let keys = HostKeys::of("test", "a.test");
     drop(
         bounded(5, l.acquire_host("t", host("a.test"), None))
             .await

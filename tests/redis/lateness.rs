@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redislimit::{Hooks, Limiter, NoHooks, RedisLimiter};
+use redislimit::hooks::NoHooks;
+use redislimit::{Hooks, Limiter, RedisLimiter, Tuning};
 use redislimit_reqwest::PacingMiddleware;
 use redislimit_tests::record::Request;
 use redislimit_tests::{RedisServer, StallProxy, Upstream};
@@ -66,7 +67,11 @@ async fn late_admission(a_lateness: Duration, a_hooks: Arc<dyn Hooks>) -> Vec<Re
         limiter(
             standalone(url),
             |p| p.min_delay(SPACING),
-            |b| b.cluster_concurrency(4).max_lateness(lateness).hooks(hooks),
+            |b| {
+                b.cluster_concurrency(4)
+                    .tuning(redislimit::Tuning::default().with_max_lateness(lateness))
+                    .hooks(hooks)
+            },
         )
     };
     let a = replica(&proxy.url(), a_lateness, a_hooks);
@@ -117,7 +122,7 @@ async fn an_admission_sent_however_late_comes_too_close_to_the_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_that_arrives_late_is_handed_back_and_asked_again() {
     let hooks = Arc::new(Late::default());
-    let seen = late_admission(RedisLimiter::DEFAULT_MAX_LATENESS, hooks.clone()).await;
+    let seen = late_admission(Tuning::DEFAULT_MAX_LATENESS, hooks.clone()).await;
     assert_eq!(seen.len(), 2, "{seen:?}");
     let gap = closest(&seen);
     assert!(gap + SLACK >= SPACING, "sends {gap:?} apart");
@@ -155,12 +160,12 @@ async fn a_hand_back_lost_with_its_connection_is_sent_again() {
             |b| {
                 b.cluster_concurrency(1)
                     .lease_ttl(Duration::from_secs(60))
-                    .max_lateness(lateness)
+                    .tuning(redislimit::Tuning::default().with_max_lateness(lateness))
             },
         )
     };
     let (a, b) = (
-        replica(&proxy.url(), RedisLimiter::DEFAULT_MAX_LATENESS),
+        replica(&proxy.url(), Tuning::DEFAULT_MAX_LATENESS),
         replica(&server.url(), Duration::MAX),
     );
     warm_up(&a, &b).await;

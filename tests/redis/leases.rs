@@ -18,7 +18,7 @@ fn one_slot(server: &RedisServer, ttl: Duration) -> RedisLimiter {
         |b| {
             b.cluster_concurrency(1)
                 .lease_ttl(ttl)
-                .concurrency_retry(10 * MS)
+                .tuning(redislimit::Tuning::default().with_concurrency_retry(10 * MS))
         },
     )
 }
@@ -80,7 +80,10 @@ async fn serialized_mode_after_a_crash_waits_for_the_lease_and_then_min_delay() 
         limiter(
             standalone(&server.url()),
             |p| p.min_delay(gap),
-            |b| b.lease_ttl(ttl).concurrency_retry(10 * MS),
+            |b| {
+                b.lease_ttl(ttl)
+                    .tuning(redislimit::Tuning::default().with_concurrency_retry(10 * MS))
+            },
         )
     };
     let before = crash_while_holding(make());
@@ -113,7 +116,7 @@ async fn a_permit_held_past_the_keys_ttl_keeps_its_slot_by_renewing() {
                 |b| {
                     b.cluster_concurrency(cap)
                         .lease_ttl(ttl)
-                        .concurrency_retry(10 * MS)
+                        .tuning(redislimit::Tuning::default().with_concurrency_retry(10 * MS))
                         .prefix(format!("cap{cap}"))
                         .hooks(errors.clone())
                 },

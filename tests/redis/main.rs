@@ -25,10 +25,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redislimit::{
-    HostKey, Limiter, Pacing, PacingBuilder, RedisLimiter, RedisLimiterBuilder, RedisPool,
-    RedisTimeouts,
-};
+use redislimit::pacing::PacingBuilder;
+use redislimit::redis::RedisLimiterBuilder;
+use redislimit::{HostKey, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
 use redislimit_tests::record::Recorder;
 
 pub(crate) const MS: Duration = Duration::from_millis(1);

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use redislimit::{Error, Limiter};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::record::{assert_serialized, max_in_flight, max_in_window, min_send_gap};
 
 use crate::{MS, bounded, drive_all, host, limiter, standalone};
@@ -55,7 +56,10 @@ async fn lease_mode_caps_in_flight_across_replicas_and_spaces_sends() {
         limiter(
             pool,
             |p| p.max_concurrent(1).min_delay(spacing),
-            |b| b.cluster_concurrency(3).concurrency_retry(5 * MS),
+            |b| {
+                b.cluster_concurrency(3)
+                    .tuning(redislimit::Tuning::default().with_concurrency_retry(5 * MS))
+            },
         )
     });
     let rec = drive_all(&replicas, &["a.test"], 3, 5, 60 * MS).await;
@@ -117,7 +121,7 @@ async fn a_large_quota_holds_in_every_window_in_bounded_state() {
         )
     };
     let replicas = replicas(&server, 3, make);
-    let keys = make(standalone(&server.url())).keys(&host("a.test"));
+    let keys = HostKeys::of("test", "a.test");
     let rec = drive_all(&replicas, &["a.test"], 4, 40, MS).await;
     let reqs = rec.host("a.test");
     assert_eq!(reqs.len(), 480);
@@ -236,7 +240,7 @@ async fn penalize_holds_the_host_on_every_replica_and_only_extends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scopes_never_consume_each_others_pace() {
     let server = RedisServer::start();
-    let pacing = |p: redislimit::PacingBuilder| p.min_delay(Duration::from_secs(5));
+    let pacing = |p: redislimit::pacing::PacingBuilder| p.min_delay(Duration::from_secs(5));
     let crawl = limiter(standalone(&server.url()), pacing, |b| b);
     let search = redislimit::RedisLimiter::builder(standalone(&server.url()), "search")
         .pacing(pacing(redislimit::Pacing::builder()).build().unwrap())
@@ -260,7 +264,7 @@ async fn a_dropped_acquire_books_nothing() {
             |p| p.max_concurrent(4),
             |b| {
                 b.lease_ttl(Duration::from_secs(30))
-                    .concurrency_retry(5 * MS)
+                    .tuning(redislimit::Tuning::default().with_concurrency_retry(5 * MS))
             },
         )
     };
@@ -306,11 +310,14 @@ async fn a_booked_acquire_dropped_before_its_slot_hands_it_back() {
         limiter(
             standalone(&server.url()),
             |p| p.max_concurrent(4).min_delay(gap),
-            |b| b.cluster_concurrency(4).book_ahead(1000 * MS),
+            |b| {
+                b.cluster_concurrency(4)
+                    .tuning(redislimit::Tuning::default().with_book_ahead(1000 * MS))
+            },
         )
     };
     let (a, b, c) = (make(), Arc::new(make()), make());
-    let gate = a.keys(&host("a.test")).gate;
+    let gate = HostKeys::of("test", "a.test").gate;
     let booked = || server.command(&["HGET", &gate, "booked_next"]);
     let first = a.acquire_host("t", host("a.test"), None).await.unwrap();
     let sent = Instant::now();
@@ -386,7 +393,10 @@ async fn one_process_may_fill_the_cluster_cap_even_with_a_smaller_max_concurrent
     let one: Arc<dyn Limiter> = Arc::new(limiter(
         standalone(&server.url()),
         |p| p.max_concurrent(1),
-        |b| b.cluster_concurrency(3).concurrency_retry(5 * MS),
+        |b| {
+            b.cluster_concurrency(3)
+                .tuning(redislimit::Tuning::default().with_concurrency_retry(5 * MS))
+        },
     ));
     let rec = drive_all(&[one], &["a.test"], 4, 3, 80 * MS).await;
     let reqs = rec.host("a.test");

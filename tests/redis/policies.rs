@@ -179,7 +179,7 @@ async fn snapshots_and_bounded_queues_through_redis() {
     let snapshot = limiter.snapshot(5);
     let a = snapshot.host(&host("a.test")).expect("a.test is busy");
     assert_eq!((a.queued, a.in_flight), (2, 1), "{snapshot:?}");
-    assert_eq!(a.paced_by, redislimit::PacedBy::Shared);
+    assert_eq!(a.paced_by, redislimit::snapshot::PacedBy::Shared);
     assert_eq!((snapshot.queued, snapshot.in_flight), (2, 1));
     assert!(matches!(
         limiter.acquire_host("t", host("a.test"), None).await,

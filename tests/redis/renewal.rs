@@ -36,7 +36,7 @@ async fn a_stall_keeps_the_lease(cap: u32) {
     let server = RedisServer::start();
     let proxy = StallProxy::start(server.addr()).await;
     let configure =
-        |b: redislimit::RedisLimiterBuilder| b.cluster_concurrency(cap).lease_ttl(LEASE);
+        |b: redislimit::redis::RedisLimiterBuilder| b.cluster_concurrency(cap).lease_ttl(LEASE);
     let a = Arc::new(limiter(
         quick(&proxy.url()),
         |p| p.min_delay(10 * MS),

@@ -21,7 +21,7 @@ fn make(server: &RedisServer, cap: u32, scope: &str) -> RedisLimiter {
         |b| {
             b.cluster_concurrency(cap)
                 .lease_ttl(Duration::from_secs(10))
-                .concurrency_retry(10 * MS)
+                .tuning(redislimit::Tuning::default().with_concurrency_retry(10 * MS))
                 .prefix(scope.to_owned())
         },
     )

@@ -57,7 +57,10 @@ async fn cluster_lease_mode_keeps_invariant_2() {
             Arc::new(limiter(
                 cluster_pool(&cluster),
                 |p| p.min_delay(spacing),
-                |b| b.cluster_concurrency(2).concurrency_retry(5 * MS),
+                |b| {
+                    b.cluster_concurrency(2)
+                        .tuning(redislimit::Tuning::default().with_concurrency_retry(5 * MS))
+                },
             )) as Arc<dyn Limiter>
         })
         .collect();

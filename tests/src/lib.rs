@@ -13,7 +13,8 @@
 //!   when each request arrived and when its response ended;
 //! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries, one way or both (a stalled connection), delay its replies, or cut it;
 //! - [`Nginx`]: a real nginx whose `limit_req` and `limit_conn` judge the clients in front of it;
-//! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it.
+//! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it;
+//! - [`keys`]: the Redis keys of a host, from the documented layout.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when
 //! they do not come up: a Redis-backed test fails, it never skips. The binaries
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod keys;
 pub mod model;
 mod nginx;
 mod port;

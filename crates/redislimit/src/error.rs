@@ -41,7 +41,7 @@ pub enum Error {
     },
 
     /// The host already had as many acquires waiting in this process as
-    /// its pacing's [`max_queued`](crate::PacingBuilder::max_queued)
+    /// its pacing's [`max_queued`](crate::pacing::PacingBuilder::max_queued)
     /// allows. Returned at once; nothing was booked.
     #[error("{queued} acquires already wait for {host} (at most {max} may)")]
     QueueFull {
@@ -268,7 +268,8 @@ pub enum ConfigError {
 /// left out.
 ///
 /// ```
-/// use redislimit::{Causes, Error, Op};
+/// use redislimit::error::Causes;
+/// use redislimit::{Error, Op};
 ///
 /// let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
 /// let err = Error::unavailable(Op::Acquire, refused);

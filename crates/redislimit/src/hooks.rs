@@ -87,7 +87,7 @@ pub trait Hooks: Send + Sync + fmt::Debug {
     /// middleware applied: `retry-after`, `budget-spent`, `budget-low`,
     /// `default-penalty`, `backoff`, `recovering`; see
     /// [`http::ServerSignal::cause`](crate::http::ServerSignal::cause)),
-    /// reported through [`Limiter::report_hold`](crate::Limiter::report_hold).
+    /// reported by the pacing middleware through the limiter.
     fn on_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
         let _ = (host, cause, hold);
     }

@@ -61,9 +61,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
-mod error;
+pub mod error;
 mod fallback;
-mod hooks;
+pub mod hooks;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
@@ -71,12 +71,12 @@ mod limiter;
 mod local;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod pacing;
+pub mod pacing;
 mod permit;
 mod policy;
 #[cfg(feature = "redis")]
-mod redis;
-mod snapshot;
+pub mod redis;
+pub mod snapshot;
 
 #[cfg(feature = "redis")]
 pub use self::fallback::FallbackPolicy;
@@ -85,22 +85,23 @@ pub use self::metrics::MetricsHooks;
 #[cfg(feature = "tls-rustls")]
 pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
-pub use self::redis::{
-    ClusterManager, ClusterPool, RedisKeys, RedisLimiter, RedisLimiterBuilder, RedisPool,
-    RedisTimeouts,
-};
+pub use self::redis::{RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 pub use self::{
-    error::{BoxError, Causes, ConfigError, Error, Op},
+    error::{ConfigError, Error, Op},
     fallback::FallbackLimiter,
-    hooks::{Hooks, NoHooks, WaitOutcome},
+    hooks::{Hooks, WaitOutcome},
     key::HostKey,
-    limiter::{BackoffStep, BoxFuture, Limiter, RequestPacing},
+    limiter::{BoxFuture, Limiter, RequestPacing},
     local::DomainLimiter,
-    pacing::{MAX_MICROS, Pacing, PacingBuilder, Spacing, micros},
+    pacing::Pacing,
     permit::Permit,
     policy::{KeyBy, Policies, Rule},
-    snapshot::{HostSnapshot, PacedBy, Snapshot},
+    snapshot::Snapshot,
 };
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
-pub use url::Url;
+
+pub(crate) use self::error::BoxError;
+pub(crate) use self::hooks::NoHooks;
+pub(crate) use self::limiter::BackoffStep;
+pub(crate) use self::pacing::{MAX_MICROS, Spacing};

@@ -37,35 +37,33 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// # Ok(()) }
 /// ```
 pub trait Limiter: Send + Sync + fmt::Debug {
-    /// Waits until a request to `host` may be sent.
+    /// Waits until a request to `host` may be sent, paced as `request`
+    /// says: its [`priority`](RequestPacing::with_priority) orders this
+    /// process's waiters for the host, higher first and in arrival order
+    /// among equals, and its [`weight`](RequestPacing::with_weight) is how
+    /// many slots of the cap and units of the quota it takes. Across
+    /// replicas, each process orders its own waiters.
     ///
     /// `engine` labels the caller in hooks and logs. With a `deadline`, a
     /// wait that would end after it fails at once with
     /// [`Error::WaitBudget`] instead of sleeping the budget out.
-    fn acquire_host<'a>(
-        &'a self,
-        engine: &'a str,
-        host: HostKey,
-        deadline: Option<Instant>,
-    ) -> BoxFuture<'a, Result<Permit, Error>>;
-
-    /// [`acquire_host`](Self::acquire_host) for a request paced as
-    /// `request` says: its [`priority`](RequestPacing::with_priority)
-    /// orders this process's waiters for the host, higher first and in
-    /// arrival order among equals, and its
-    /// [`weight`](RequestPacing::with_weight) is how many slots of the
-    /// cap and units of the quota it takes. Across replicas, each process
-    /// orders its own waiters; Redis admits whichever asks first. The
-    /// default (for limiters that keep no queue) ignores both.
     fn acquire_with<'a>(
         &'a self,
         engine: &'a str,
         host: HostKey,
         deadline: Option<Instant>,
         request: RequestPacing,
+    ) -> BoxFuture<'a, Result<Permit, Error>>;
+
+    /// [`acquire_with`](Self::acquire_with) for a request paced by
+    /// default (middle priority, weight 1).
+    fn acquire_host<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
-        let _ = request;
-        self.acquire_host(engine, host, deadline)
+        self.acquire_with(engine, host, deadline, RequestPacing::default())
     }
 
     /// Holds `host` back for `hold` (capped by the configured maximum
@@ -77,50 +75,14 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         hold: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
-    /// Counts a request to `host` of `weight` that is already in flight,
-    /// sent `ago` without this limiter's admission (a fallback admitted it
-    /// while this limiter was unavailable), against this limiter's shared
-    /// limits, so that nothing else is admitted beside it beyond them. The
-    /// permit
-    /// returned holds its slot until released, as an admitted one would;
-    /// `None` when this limiter keeps no state the request could count in
-    /// (the default: in-process limiters saw nothing to reconcile).
-    fn adopt_host<'a>(
-        &'a self,
-        host: HostKey,
-        ago: Duration,
-        weight: u32,
-    ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
-        let _ = (host, ago, weight);
-        Box::pin(std::future::ready(Ok(None)))
-    }
-
-    /// Moves `host`'s adaptive backoff gap one `step`, in state this
-    /// limiter shares with every replica using the same backend, and holds
-    /// the host for the gap now in force (as [`penalize_host`](Self::penalize_host)
-    /// would, capped by the maximum penalty). The future returns that gap,
-    /// `None` once the host is back on its own pacing.
-    ///
-    /// Returns no future when this limiter keeps no shared backoff state
-    /// (the default, and the in-process limiter's answer): the caller then
-    /// keeps the gap itself and holds the host through `penalize_host`,
-    /// which is what [`http::Backoff`](crate::http::Backoff) does. A future
-    /// that fails as unavailable leaves the caller to do the same.
-    fn back_off_host<'a>(
-        &'a self,
-        host: HostKey,
-        step: BackoffStep,
-    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
-        let _ = (host, step);
+    /// What this limiter shares beyond admissions and penalties (a backoff
+    /// gap, requests to adopt, holds to report): for this crate's own
+    /// layers, which reach it through [`sealed::Coordination`]. None by
+    /// default.
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
         None
-    }
-
-    /// Tells the limiter's hooks that `host` was held back for `hold`
-    /// because of `cause` ([`Hooks::on_hold`](crate::Hooks::on_hold)); a
-    /// pacing middleware calls it after applying what a response asked
-    /// for. The default does nothing.
-    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
-        let _ = (host, cause, hold);
     }
 
     /// What the limiter is doing now: the `top` hosts with the most
@@ -186,9 +148,9 @@ pub trait Limiter: Send + Sync + fmt::Debug {
 ///
 /// The **weight** (1 unless set) is how much of the host the request
 /// takes: it counts as `weight` requests of the in-flight cap
-/// ([`max_concurrent`](crate::PacingBuilder::max_concurrent), and the
+/// ([`max_concurrent`](crate::pacing::PacingBuilder::max_concurrent), and the
 /// Redis limiter's cross-replica cap) and `weight` admissions of the
-/// [`quota`](crate::PacingBuilder::quota). A weight of 0, or one above
+/// [`quota`](crate::pacing::PacingBuilder::quota). A weight of 0, or one above
 /// what it must fit in, is refused with [`Error::InvalidWeight`]. A
 /// request that does not fit beside those in flight lets lighter ones
 /// behind it go first (best fit), without losing its place: it is admitted
@@ -274,10 +236,11 @@ impl Default for RequestPacing {
     }
 }
 
-/// One move of a host's adaptive backoff (see [`Limiter::back_off_host`]
-/// and [`http::Backoff`](crate::http::Backoff)).
+/// One move of a host's adaptive backoff (see
+/// [`http::Backoff`](crate::http::Backoff)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackoffStep {
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+pub(crate) enum BackoffStep {
     /// An overload signal that states no delay: the gap doubles, starting
     /// at `start`, up to `max`.
     Widen {
@@ -309,18 +272,77 @@ impl BackoffStep {
     }
 }
 
+/// What a limiter shares beyond admissions and penalties, for this
+/// crate's own layers only: a trait nothing outside the crate can name,
+/// implement or call (see [`Limiter::coordination`]).
+pub(crate) mod sealed {
+    use std::time::Duration;
+
+    use crate::{BackoffStep, BoxFuture, Error, HostKey, Permit};
+
+    /// Proof that the caller is this crate.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Token(());
+
+    impl Token {
+        pub(crate) fn new() -> Self {
+            Self(())
+        }
+    }
+
+    /// The operations a shared limiter (and a limiter in front of one)
+    /// offers this crate's fallback and HTTP layers.
+    pub(crate) trait Coordination: Send + Sync {
+        /// Counts a request to `host` of `weight` that is already in
+        /// flight, sent `ago` without this limiter's admission (a fallback
+        /// admitted it while this limiter was unavailable), against its
+        /// shared limits, so that nothing else is admitted beside it beyond
+        /// them. The permit returned holds its slot until released; `None`
+        /// when there is nothing to count it in.
+        fn adopt_host<'a>(
+            &'a self,
+            host: HostKey,
+            ago: Duration,
+            weight: u32,
+        ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
+            let _ = (host, ago, weight);
+            Box::pin(std::future::ready(Ok(None)))
+        }
+
+        /// Moves `host`'s adaptive backoff gap one `step` in state shared
+        /// with every replica, and holds the host for the gap now in force
+        /// (capped by the maximum penalty). The future returns that gap,
+        /// `None` once the host is back on its own pacing. No future when
+        /// no such state is kept: the caller keeps the gap itself (see
+        /// [`http::Backoff`](crate::http::Backoff)); a future that fails as
+        /// unavailable leaves the caller to do the same.
+        #[cfg_attr(not(feature = "http"), allow(dead_code))]
+        fn back_off_host<'a>(
+            &'a self,
+            host: HostKey,
+            step: BackoffStep,
+        ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+            let _ = (host, step);
+            None
+        }
+
+        /// Tells the limiter's hooks that `host` was held back for `hold`
+        /// because of `cause` ([`Hooks::on_hold`](crate::Hooks::on_hold)).
+        #[cfg_attr(not(feature = "http"), allow(dead_code))]
+        fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+            let _ = (host, cause, hold);
+        }
+    }
+}
+
+/// `limiter`'s [`sealed::Coordination`], if it has one.
+pub(crate) fn coordination<L: Limiter + ?Sized>(limiter: &L) -> Option<&dyn sealed::Coordination> {
+    limiter.coordination(sealed::Token::new())
+}
+
 macro_rules! forward_limiter {
     ($($ty:ty),*) => {$(
         impl<L: Limiter + ?Sized> Limiter for $ty {
-            fn acquire_host<'a>(
-                &'a self,
-                engine: &'a str,
-                host: HostKey,
-                deadline: Option<Instant>,
-            ) -> BoxFuture<'a, Result<Permit, Error>> {
-                (**self).acquire_host(engine, host, deadline)
-            }
-
             fn acquire_with<'a>(
                 &'a self,
                 engine: &'a str,
@@ -331,6 +353,15 @@ macro_rules! forward_limiter {
                 (**self).acquire_with(engine, host, deadline, request)
             }
 
+            fn acquire_host<'a>(
+                &'a self,
+                engine: &'a str,
+                host: HostKey,
+                deadline: Option<Instant>,
+            ) -> BoxFuture<'a, Result<Permit, Error>> {
+                (**self).acquire_host(engine, host, deadline)
+            }
+
             fn penalize_host<'a>(
                 &'a self,
                 host: HostKey,
@@ -339,29 +370,13 @@ macro_rules! forward_limiter {
                 (**self).penalize_host(host, hold)
             }
 
-            fn adopt_host<'a>(
-                &'a self,
-                host: HostKey,
-                ago: Duration,
-                weight: u32,
-            ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
-                (**self).adopt_host(host, ago, weight)
-            }
-
-            fn back_off_host<'a>(
-                &'a self,
-                host: HostKey,
-                step: BackoffStep,
-            ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
-                (**self).back_off_host(host, step)
+            #[allow(private_interfaces)]
+            fn coordination(&self, token: sealed::Token) -> Option<&dyn sealed::Coordination> {
+                (**self).coordination(token)
             }
 
             fn snapshot(&self, top: usize) -> Snapshot {
                 (**self).snapshot(top)
-            }
-
-            fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
-                (**self).report_hold(host, cause, hold)
             }
 
             fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {

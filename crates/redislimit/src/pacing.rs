@@ -7,7 +7,7 @@ use crate::ConfigError;
 /// The largest microsecond count a Lua number (an IEEE-754 double) holds
 /// exactly: 2^53-1. Durations cross into the Redis scripts as microseconds,
 /// so anything above it is refused rather than enforced approximately.
-pub const MAX_MICROS: u64 = (1 << 53) - 1;
+pub(crate) const MAX_MICROS: u64 = (1 << 53) - 1;
 
 /// What [`min_delay`](PacingBuilder::min_delay) is counted from.
 ///
@@ -237,7 +237,7 @@ pub(crate) fn after(at: tokio::time::Instant, d: Duration) -> tokio::time::Insta
 ///
 /// Refuses a value above [`MAX_MICROS`] and a nonzero value below one
 /// microsecond (which would round to zero and switch its control off).
-pub fn micros(field: &'static str, value: Duration) -> Result<u64, ConfigError> {
+pub(crate) fn micros(field: &'static str, value: Duration) -> Result<u64, ConfigError> {
     let us = value.as_micros();
     if us > u128::from(MAX_MICROS) {
         return Err(ConfigError::OutOfRange { field, value });

@@ -1,4 +1,5 @@
-//! The Redis-backed limiter: pacing state shared by every replica.
+//! The Redis-backed limiter: pacing state shared by every replica
+//! ([`RedisLimiter`]), its builder, its pool and its tuning.
 //!
 //! Its layers, each importing only those below it (see `docs/DESIGN.md`):
 //! the handle and its builder (`limiter.rs`, `builder.rs`); the acquire
@@ -31,10 +32,11 @@ mod settings;
 mod slots;
 #[cfg(feature = "tls-rustls")]
 mod tls;
+mod tuning;
 
 pub use self::builder::RedisLimiterBuilder;
-pub use self::keys::RedisKeys;
 pub use self::limiter::RedisLimiter;
-pub use self::pool::{ClusterManager, ClusterPool, RedisPool, RedisTimeouts};
+pub use self::pool::{RedisPool, RedisTimeouts};
 #[cfg(feature = "tls-rustls")]
 pub use self::tls::RedisTls;
+pub use self::tuning::Tuning;

@@ -14,7 +14,7 @@ fn host(name: &str) -> HostKey {
 }
 
 fn limiter(
-    build: impl FnOnce(redislimit::PacingBuilder) -> redislimit::PacingBuilder,
+    build: impl FnOnce(redislimit::pacing::PacingBuilder) -> redislimit::pacing::PacingBuilder,
 ) -> DomainLimiter {
     DomainLimiter::new(build(Pacing::builder()).build().unwrap())
 }

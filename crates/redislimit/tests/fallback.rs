@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use redislimit::pacing::Spacing;
 use redislimit::{
-    BoxFuture, DomainLimiter, Error, FallbackLimiter, HostKey, Limiter, Op, Pacing, Permit, Spacing,
+    BoxFuture, DomainLimiter, Error, FallbackLimiter, HostKey, Limiter, Op, Pacing, Permit,
+    RequestPacing,
 };
 use tokio::time::Instant;
 
@@ -100,11 +102,12 @@ impl Switch {
 }
 
 impl Limiter for Switch {
-    fn acquire_host<'a>(
+    fn acquire_with<'a>(
         &'a self,
         engine: &'a str,
         host: HostKey,
         deadline: Option<Instant>,
+        request: RequestPacing,
     ) -> BoxFuture<'a, Result<Permit, Error>> {
         Box::pin(async move {
             if self.down.load(Ordering::SeqCst) {
@@ -116,7 +119,7 @@ impl Limiter for Switch {
             let down = Arc::clone(&self.down);
             let stall = self.stall;
             tokio::select! {
-                permit = self.inner.acquire_host(engine, host, deadline) => permit,
+                permit = self.inner.acquire_with(engine, host, deadline, request) => permit,
                 () = async move {
                     while !down.load(Ordering::SeqCst) {
                         tokio::time::sleep(MS).await;

@@ -4,8 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redislimit::snapshot::PacedBy;
 use redislimit::{
-    DomainLimiter, Error, Hooks, HostKey, Limiter, PacedBy, Pacing, Policies, Rule, WaitOutcome,
+    DomainLimiter, Error, Hooks, HostKey, Limiter, Pacing, Policies, Rule, WaitOutcome,
 };
 use tokio::time::Instant;
 

@@ -5,9 +5,12 @@
 
 use std::time::Duration;
 
-use redislimit::{
-    ConfigError, MAX_MICROS, Pacing, RedisLimiter, RedisPool, RedisTimeouts, Spacing,
-};
+use redislimit::pacing::Spacing;
+use redislimit::{ConfigError, Pacing, RedisLimiter, RedisPool, RedisTimeouts, Tuning};
+
+/// The longest duration (µs) the scripts take: what Redis' Lua numbers
+/// (doubles) hold exactly.
+const MAX_MICROS: u64 = (1 << 53) - 1;
 
 fn pool() -> RedisPool {
     RedisPool::standalone("redis://127.0.0.1:1/", RedisTimeouts::default()).unwrap()
@@ -34,7 +37,7 @@ fn values_lua_cannot_represent_exactly_are_refused() {
     );
     assert!(matches!(
         RedisLimiter::builder(pool(), "domain")
-            .concurrency_retry(over)
+            .tuning(Tuning::default().with_concurrency_retry(over))
             .build(),
         Err(ConfigError::OutOfRange {
             field: "concurrency_retry",
@@ -72,7 +75,7 @@ fn settings_that_would_switch_pacing_off_are_refused() {
     );
     assert_eq!(
         RedisLimiter::builder(pool(), "domain")
-            .concurrency_retry(Duration::ZERO)
+            .tuning(Tuning::default().with_concurrency_retry(Duration::ZERO))
             .build()
             .unwrap_err(),
         ConfigError::Zero {
@@ -235,7 +238,7 @@ fn booking_further_ahead_than_a_lease_lives_is_refused() {
     assert_eq!(
         RedisLimiter::builder(pool(), "domain")
             .lease_ttl(Duration::from_secs(1))
-            .book_ahead(Duration::from_secs(2))
+            .tuning(Tuning::default().with_book_ahead(Duration::from_secs(2)))
             .build()
             .unwrap_err(),
         ConfigError::TooLong {

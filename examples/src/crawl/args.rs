@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use redislimit::{
     DomainLimiter, FallbackLimiter, FallbackPolicy, Hooks, HostKey, KeyBy, Limiter, MetricsHooks,
-    NoHooks, Pacing, Policies, RedisLimiter, RedisPool, RedisTimeouts, RedisTls,
+    Pacing, Policies, RedisLimiter, RedisPool, RedisTimeouts, RedisTls, Tuning,
 };
 
 use super::policy_file::{Settings, load as load_policy_file};
@@ -342,7 +342,7 @@ impl Args {
         let (default, policies) = self.policies()?;
         let hooks: Arc<dyn Hooks> = match self.metrics_addr {
             Some(_) => Arc::new(MetricsHooks::new()),
-            None => Arc::new(NoHooks),
+            None => Arc::new(redislimit::hooks::NoHooks),
         };
         let tls = self.redis_tls()?;
         let timeouts = RedisTimeouts::default();
@@ -368,9 +368,12 @@ impl Args {
             .hooks(hooks)
             .cluster_concurrency(default.cluster_concurrency)
             .lease_ttl(self.lease_ttl)
-            .slot_margin(self.slot_margin)
-            .max_lateness(self.max_lateness)
-            .book_ahead(self.book_ahead)
+            .tuning(
+                Tuning::default()
+                    .with_slot_margin(self.slot_margin)
+                    .with_max_lateness(self.max_lateness)
+                    .with_book_ahead(self.book_ahead),
+            )
             .fallback_policy(self.fallback.into())
             .build()?;
         limiter.ping().await.context("Redis is unreachable")?;
@@ -435,7 +438,7 @@ impl Args {
         // so the next replica does not wait out their leases.
         let close_by = tokio::time::Instant::now() + CLOSE_WITHIN;
         if let Err(err) = pacer.limiter.close(Some(close_by)).await {
-            tracing::warn!("{}", redislimit::Causes(&err));
+            tracing::warn!("{}", redislimit::error::Causes(&err));
         }
         let signal = signalled.get().copied();
         if signal.is_none() {

@@ -188,9 +188,9 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 continue;
             }
             if self.degraded.swap(true, Ordering::Relaxed) {
-                tracing::debug!(host = %host, error = %crate::Causes(&err), ?plan, "pacing in-process");
+                tracing::debug!(host = %host, error = %crate::error::Causes(&err), ?plan, "pacing in-process");
             } else {
-                tracing::warn!(host = %host, error = %crate::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
+                tracing::warn!(host = %host, error = %crate::error::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
                 self.hooks.on_fallback(true);
             }
             // Taken back unless sent (a blown budget, a dropped future).

@@ -103,9 +103,14 @@ impl Adoptions {
             }
             // Put back to pending if this offer is dropped before it ends.
             let offering = Offering(&adoptee);
-            let answer = primary
-                .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed(), adoptee.weight)
-                .await;
+            let answer = match crate::limiter::coordination(primary) {
+                Some(shared) => {
+                    shared
+                        .adopt_host(adoptee.host.clone(), adoptee.sent.elapsed(), adoptee.weight)
+                        .await
+                }
+                None => Ok(None),
+            };
             std::mem::forget(offering);
             let mut state = adoptee.lock();
             let released = matches!(*state, Adopted::Done);
@@ -122,7 +127,7 @@ impl Adoptions {
                     break;
                 }
                 Err(err) => {
-                    tracing::warn!(host = %adoptee.host, error = %crate::Causes(&err), "a request admitted in-process could not be counted in the shared limiter");
+                    tracing::warn!(host = %adoptee.host, error = %crate::error::Causes(&err), "a request admitted in-process could not be counted in the shared limiter");
                     *state = Adopted::Done;
                 }
             }

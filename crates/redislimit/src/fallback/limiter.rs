@@ -11,6 +11,7 @@ use super::acquire::Acquire;
 use super::adoption::Adoptions;
 use super::plan::OutagePlan;
 use super::shares::Shares;
+use crate::limiter::sealed;
 use crate::snapshot::{PacedBy, Snapshot, TopHosts};
 use crate::{
     BackoffStep, BoxFuture, DomainLimiter, Error, Hooks, HostKey, Limiter, NoHooks, Permit,
@@ -186,15 +187,6 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
 }
 
 impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
-    fn acquire_host<'a>(
-        &'a self,
-        engine: &'a str,
-        host: HostKey,
-        deadline: Option<Instant>,
-    ) -> BoxFuture<'a, Result<Permit, Error>> {
-        self.acquire_with(engine, host, deadline, RequestPacing::default())
-    }
-
     /// The priority orders this process's waiters in the in-process
     /// limiter, where every acquire waits first, and in the primary's.
     fn acquire_with<'a>(
@@ -232,9 +224,9 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         })
     }
 
-    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
-        let key = self.fallback.policies().key(host);
-        self.hooks.on_hold(&key, cause, hold);
+    #[allow(private_interfaces)]
+    fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
+        Some(self)
     }
 
     /// While the primary answers, hosts are paced by it
@@ -256,24 +248,6 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         merge(top, &local, shared)
     }
 
-    /// The primary's shared gap, when it keeps one; the hold it reports is
-    /// mirrored in the fallback, as a penalty is. A primary that is
-    /// unavailable fails the future, and the caller keeps the gap itself.
-    fn back_off_host<'a>(
-        &'a self,
-        host: HostKey,
-        step: BackoffStep,
-    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
-        let shared = self.primary.back_off_host(host.clone(), step)?;
-        Some(Box::pin(async move {
-            let gap = shared.await?;
-            if let Some(gap) = gap {
-                self.fallback.penalize_host(host, gap).await?;
-            }
-            Ok(gap)
-        }))
-    }
-
     fn penalize_host<'a>(
         &'a self,
         host: HostKey,
@@ -287,5 +261,33 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
                 result => result,
             }
         })
+    }
+}
+
+/// Holds are reported once, here; the primary's shared backoff gap is used
+/// when it keeps one.
+impl<P: Limiter + 'static> sealed::Coordination for FallbackLimiter<P> {
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let key = self.fallback.policies().key(host);
+        self.hooks.on_hold(&key, cause, hold);
+    }
+
+    /// The primary's shared gap, when it keeps one; the hold it reports is
+    /// mirrored in the fallback, as a penalty is. A primary that is
+    /// unavailable fails the future, and the caller keeps the gap itself.
+    fn back_off_host<'a>(
+        &'a self,
+        host: HostKey,
+        step: BackoffStep,
+    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+        let shared =
+            crate::limiter::coordination(&*self.primary)?.back_off_host(host.clone(), step)?;
+        Some(Box::pin(async move {
+            let gap = shared.await?;
+            if let Some(gap) = gap {
+                self.fallback.penalize_host(host, gap).await?;
+            }
+            Ok(gap)
+        }))
     }
 }

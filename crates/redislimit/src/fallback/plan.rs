@@ -97,7 +97,7 @@ pub(super) fn wall_clock() -> Duration {
 ///
 /// Edge cases: with one live replica every policy is `Full`. A replica
 /// that never saw the registry (it started during the outage) counts
-/// [`expected_replicas`](crate::RedisLimiterBuilder::expected_replicas)
+/// [`expected_replicas`](crate::redis::RedisLimiterBuilder::expected_replicas)
 /// (default 1). Limits hold from the first send of the outage on: a request
 /// another replica had in flight when Redis went away is not visible to
 /// the others, and the quota window in which Redis went away can hold the

@@ -30,9 +30,9 @@ use crate::{BackoffStep, HostKey, Limiter};
 /// Heritrix scales the delay with the fetch time through its delay
 /// factor). Both need only the last gap, no latency measurements.
 ///
-/// Through a limiter that keeps shared backoff state (the Redis limiter,
-/// see [`Limiter::back_off_host`]) the gap is one per host for every
-/// replica: a bare `503` seen by any replica widens it for all, and any
+/// Through a limiter that keeps shared backoff state (`RedisLimiter`
+/// does; see [`widen_through`](Self::widen_through)) the gap is one per
+/// host for every replica: a bare `503` seen by any replica widens it for all, and any
 /// replica that saw the host backing off narrows it on its successes.
 /// Otherwise (in-process limiters, or Redis unavailable) the gap is kept
 /// in this process (clones share it), and the holds it causes still reach
@@ -84,19 +84,29 @@ impl Backoff {
         self.move_local(host, step)
     }
 
-    /// Moves `host`'s gap one step and holds the host for it: in the
-    /// limiter's shared state when it keeps one (so every replica widens
-    /// and narrows the same gap), else in this process, holding the host
-    /// through the limiter's penalty. Either way this process remembers
-    /// the gap, so its own successes narrow it.
-    pub(crate) async fn shift(
-        &self,
-        limiter: &dyn Limiter,
-        host: &HostKey,
-        widen: bool,
-    ) -> Option<Duration> {
+    /// An overload signal from `host`, through `limiter`: widens its gap
+    /// and holds the host for it, in the limiter's shared state when it
+    /// keeps one (every replica then widens the same gap), else in this
+    /// process, holding the host through the limiter's penalty. Either way
+    /// this process remembers the gap, so its own successes narrow it.
+    /// Returns the gap now in force. What the pacing middlewares call.
+    pub async fn widen_through(&self, limiter: &dyn Limiter, host: &HostKey) -> Option<Duration> {
+        self.shift(limiter, host, true).await
+    }
+
+    /// A success from `host`, through `limiter` (see
+    /// [`widen_through`](Self::widen_through)): the narrowed gap in force,
+    /// `None` once the host is back on its own pacing.
+    pub async fn narrow_through(&self, limiter: &dyn Limiter, host: &HostKey) -> Option<Duration> {
+        self.shift(limiter, host, false).await
+    }
+
+    /// Moves `host`'s gap one step and holds the host for it (see
+    /// [`widen_through`](Self::widen_through)).
+    async fn shift(&self, limiter: &dyn Limiter, host: &HostKey, widen: bool) -> Option<Duration> {
         let step = self.step(widen);
-        if let Some(shared) = limiter.back_off_host(host.clone(), step)
+        if let Some(shared) =
+            crate::limiter::coordination(limiter).and_then(|c| c.back_off_host(host.clone(), step))
             && let Ok(gap) = shared.await
         {
             self.remember(host, gap);

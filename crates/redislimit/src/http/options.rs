@@ -163,7 +163,7 @@ impl PaceOptions {
     /// Applies `reaction` to `host` through `limiter`: holds the host (as
     /// [`Limiter::penalize_host`] does, for every replica sharing the
     /// limiter) and moves its backoff gap, in the limiter's shared state
-    /// when it keeps one ([`Limiter::back_off_host`]) and in this process
+    /// when it keeps one (as `RedisLimiter` does) and in this process
     /// otherwise. Returns what was applied, `None` when nothing was (a
     /// backoff narrowed away). Failures of the limiter are its hooks' to
     /// report: the response itself is still good.
@@ -179,7 +179,7 @@ impl PaceOptions {
                 signal
             }
             Kind::Widen { floor } => {
-                let gap = self.backoff.as_ref()?.shift(limiter, &host, true).await?;
+                let gap = self.backoff.as_ref()?.widen_through(limiter, &host).await?;
                 match floor {
                     Some(floor) if floor.hold() > gap => {
                         let _ = limiter.penalize_host(host.clone(), floor.hold()).await;
@@ -189,7 +189,7 @@ impl PaceOptions {
                 }
             }
             Kind::Narrow { floor } => {
-                let gap = self.backoff.as_ref()?.shift(limiter, &host, false).await;
+                let gap = self.backoff.as_ref()?.narrow_through(limiter, &host).await;
                 match (gap, floor) {
                     (gap, Some(floor)) if gap.is_none_or(|g| floor.hold() > g) => {
                         let _ = limiter.penalize_host(host.clone(), floor.hold()).await;
@@ -203,7 +203,9 @@ impl PaceOptions {
                 }
             }
         };
-        limiter.report_hold(&host, signal.cause(), signal.hold());
+        if let Some(shared) = crate::limiter::coordination(limiter) {
+            shared.report_hold(&host, signal.cause(), signal.hold());
+        }
         let hold_ms = u64::try_from(signal.hold().as_millis()).unwrap_or(u64::MAX);
         match signal {
             ServerSignal::Recovering(_) => {

@@ -13,6 +13,7 @@ use url::Url;
 use super::acquire::acquire;
 use super::shards::{Inner, RandomState, lock};
 use super::sweep::SweepSignal;
+use crate::limiter::sealed;
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{
     BoxFuture, Error, Hooks, HostKey, Limiter, NoHooks, Pacing, Permit, Policies, RequestPacing,
@@ -254,21 +255,6 @@ impl fmt::Debug for DomainLimiter {
 }
 
 impl Limiter for DomainLimiter {
-    fn acquire_host<'a>(
-        &'a self,
-        engine: &'a str,
-        host: HostKey,
-        deadline: Option<Instant>,
-    ) -> BoxFuture<'a, Result<Permit, Error>> {
-        Box::pin(acquire(
-            &self.inner,
-            engine,
-            host,
-            deadline,
-            RequestPacing::default(),
-        ))
-    }
-
     fn acquire_with<'a>(
         &'a self,
         engine: &'a str,
@@ -288,9 +274,9 @@ impl Limiter for DomainLimiter {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
-        let key = self.inner.policies.key(host);
-        self.inner.hooks.on_hold(&key, cause, hold);
+    #[allow(private_interfaces)]
+    fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
+        Some(self)
     }
 
     /// Every host is in process; its next send and penalty end are known.
@@ -312,5 +298,13 @@ impl Limiter for DomainLimiter {
             }
         }
         Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Holds are reported to this limiter's hooks; nothing else is shared.
+impl sealed::Coordination for DomainLimiter {
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        let key = self.inner.policies.key(host);
+        self.inner.hooks.on_hold(&key, cause, hold);
     }
 }

@@ -88,7 +88,7 @@ pub(super) async fn acquire(
         // A mismatch was reported where it was found.
         if err.is_unavailable() {
             core.hooks.on_error(Op::Acquire, &err);
-            tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
+            tracing::warn!(host = %key, error = %crate::error::Causes(&err), "acquire failed");
         }
         report.abandon();
         return Err(err);
@@ -206,7 +206,7 @@ pub(super) async fn acquire(
                             return Err(report.fail(err));
                         }
                         core.hooks.on_error(Op::Acquire, &err);
-                        tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
+                        tracing::warn!(host = %key, error = %crate::error::Causes(&err), "acquire failed");
                         report.abandon();
                         return Err(err);
                     }
@@ -237,7 +237,7 @@ pub(super) async fn acquire(
             Err(err) => {
                 let err = err.into_error(Op::Acquire);
                 core.hooks.on_error(Op::Acquire, &err);
-                tracing::warn!(host = %key, error = %crate::Causes(&err), "acquire failed");
+                tracing::warn!(host = %key, error = %crate::error::Causes(&err), "acquire failed");
                 report.abandon();
                 return Err(err);
             }

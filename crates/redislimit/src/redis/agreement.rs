@@ -209,7 +209,7 @@ impl Agreement {
                 // Not answering opened the circuit, which holds off the
                 // waiters; an error reply (READONLY, say) is remembered.
                 if !backend.circuit().waiting() {
-                    self.fail(Some(Failed::Answer(crate::Causes(&err).to_string())));
+                    self.fail(Some(Failed::Answer(crate::error::Causes(&err).to_string())));
                 }
                 return Err(err);
             }
@@ -222,7 +222,7 @@ impl Agreement {
             Reply::Theirs(theirs) => {
                 self.fail(Some(Failed::Mismatch(theirs.clone())));
                 let err = self.mismatch(theirs);
-                tracing::error!(error = %crate::Causes(&err), "configuration mismatch");
+                tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch");
                 hooks.on_error(Op::Acquire, &err);
                 Err(err)
             }

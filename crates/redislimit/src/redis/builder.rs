@@ -15,6 +15,7 @@ use super::pool::RedisPool;
 use super::registry::Registry;
 use super::renew::Renewals;
 use super::settings::{Args, LINE_SLACK, Mode, Settings, quota_buckets};
+use super::tuning::Tuning;
 use crate::fallback::FallbackPolicy;
 use crate::pacing::micros;
 use crate::{ConfigError, DomainLimiter, Hooks, NoHooks, Pacing, Policies};
@@ -31,10 +32,7 @@ impl RedisLimiter {
             policies: Policies::default(),
             cluster_concurrency: 0,
             lease_ttl: Self::DEFAULT_LEASE_TTL,
-            concurrency_retry: None,
-            book_ahead: RedisLimiter::DEFAULT_BOOK_AHEAD,
-            slot_margin: RedisLimiter::DEFAULT_SLOT_MARGIN,
-            max_lateness: RedisLimiter::DEFAULT_MAX_LATENESS,
+            tuning: Tuning::default(),
             hooks: Arc::new(NoHooks),
             fallback_policy: FallbackPolicy::default(),
             expected_replicas: 1,
@@ -51,10 +49,7 @@ pub struct RedisLimiterBuilder {
     policies: Policies,
     cluster_concurrency: u32,
     lease_ttl: Duration,
-    concurrency_retry: Option<Duration>,
-    book_ahead: Duration,
-    slot_margin: Duration,
-    max_lateness: Duration,
+    tuning: Tuning,
     hooks: Arc<dyn Hooks>,
     fallback_policy: FallbackPolicy,
     expected_replicas: u32,
@@ -68,10 +63,7 @@ impl fmt::Debug for RedisLimiterBuilder {
             .field("policies", &self.policies)
             .field("cluster_concurrency", &self.cluster_concurrency)
             .field("lease_ttl", &self.lease_ttl)
-            .field("concurrency_retry", &self.concurrency_retry)
-            .field("book_ahead", &self.book_ahead)
-            .field("slot_margin", &self.slot_margin)
-            .field("max_lateness", &self.max_lateness)
+            .field("tuning", &self.tuning)
             .field("fallback_policy", &self.fallback_policy)
             .field("expected_replicas", &self.expected_replicas)
             .finish_non_exhaustive()
@@ -135,97 +127,12 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// How soon to ask again when the host's in-flight cap is taken
-    /// (plus jitter). A slot frees on another replica's release, which
-    /// nothing announces, so this is a short retry.
-    ///
-    /// The default is 50 ms, or `min_delay` when that is shorter: in
-    /// serialized mode no send can follow the release it waits for by less
-    /// than `min_delay`, so a waiter that asks at least that often is
-    /// admitted at the first allowed instant and the host's pace loses
-    /// nothing to polling.
-    pub fn concurrency_retry(mut self, retry: Duration) -> Self {
-        self.concurrency_retry = Some(retry);
-        self
-    }
-
-    /// How far ahead of its slot a waiter may be booked (default zero:
-    /// only when the host is free). A waiter that asks Redis within this
-    /// of its host's next allowed send is booked for that instant at once
-    /// and sends at it, timed in process to a fraction of a millisecond.
-    /// The booking counts (in flight, in the quota, for the gap) from its
-    /// slot; an acquire dropped before it hands it back. Hosts whose
-    /// pacing has jitter are never booked ahead. Not part of the
-    /// configuration agreement: it shapes this process's timing only. At
-    /// most `lease_ttl`.
-    ///
-    /// Without it a waiter asks again so as to reach Redis
-    /// [`slot_margin`](Self::slot_margin) after its slot, and is admitted
-    /// then. A booked waiter loses nothing of the pace, but the slots are
-    /// fixed in Redis: a send that leaves late because its process was
-    /// busy (a millisecond or more on an overloaded machine) is that much
-    /// closer to the next one. Book ahead when throughput matters more
-    /// than each gap, as against an API's token bucket; leave it off
-    /// against servers that judge every gap, as nginx's `limit_req`
-    /// without a burst does. Make it cover a round trip to Redis and a
-    /// timer tick with room to spare (10 ms, say).
-    pub fn book_ahead(mut self, ahead: Duration) -> Self {
-        self.book_ahead = ahead;
-        self
-    }
-
-    /// How long after its host's next allowed send a waiter aims to reach
-    /// Redis (default 100 µs). A waiter told to wait asks again a measured
-    /// round trip before its slot plus this margin, timed in process to a
-    /// fraction of a millisecond, and is admitted as its call arrives; the
-    /// pace loses about this much per admission (at 200 requests a second,
-    /// 100 µs gets about 95 % of the pace, 1 ms about 84 %).
-    ///
-    /// Sends that leave late are not the margin's to absorb: an admission
-    /// that reaches a busy process late is covered by the room its acquire
-    /// kept for that, or handed back (see
-    /// [`max_lateness`](Self::max_lateness)). A wider margin only keeps
-    /// the calls of waiters that run late (a timer woken late, a round
-    /// trip longer than measured) from reaching Redis before their slot
-    /// and being told to wait again. See "Performance" in the README,
-    /// measured.
-    pub fn slot_margin(mut self, margin: Duration) -> Self {
-        self.slot_margin = margin;
-        self
-    }
-
-    /// How late, beyond the room its acquire kept for this process's
-    /// lateness, an admission may reach its caller and still be sent
-    /// (default 2 ms; [`Duration::MAX`]: however late, with no room kept).
-    /// Redis admits a request at or after its slot, but the reply can
-    /// reach a busy process late, and a request that then leaves late is
-    /// that much closer to the next one, which another replica may send on
-    /// time. Where that matters (a `min_delay` in lease mode, or a quota),
-    /// each acquire asks Redis to keep room after its slot for the lateness
-    /// this process's admissions met lately (see "Late admissions" on
-    /// [`RedisLimiter`]), and an admission later than its room and this is
-    /// handed back at once, as a request never sent, and asked for again
-    /// with room for twice its lateness; the upstream then sees no gap more
-    /// than this short of `min_delay` from lateness on the way to the
-    /// caller (a request can still leave late after its permit is granted).
-    ///
-    /// Lateness is reckoned on the Redis clock, whose offset from this
-    /// process's monotonic clock each admission bounds: it is never
-    /// understated, and overstated by at most the quickest round trip of
-    /// the last 10-20 s (a Redis far away is late by its way back: a replica
-    /// nearer to it would send sooner). For up to 20 s after the Redis clock
-    /// steps forward it is understated by the step; under a Cluster whose
-    /// clocks disagree, it is understated for the nodes ahead. The
-    /// admission handed back leaves the waiting line across replicas: it
-    /// had its turn, and asks again behind those waiting. Every late
-    /// admission is reported to [`Hooks::on_late_admission`]. Serialized
-    /// mode counts the gap from each completion, which lateness does not
-    /// shorten; admissions booked ahead (see [`book_ahead`](Self::book_ahead))
-    /// keep their slots. Not part of the configuration agreement (nor is
-    /// [`slot_margin`](Self::slot_margin)): replicas may differ in it, as it
-    /// shapes only this process's sends.
-    pub fn max_lateness(mut self, lateness: Duration) -> Self {
-        self.max_lateness = lateness;
+    /// The timing of this process's acquires (see [`Tuning`]): how soon
+    /// it asks again, how far ahead it books, how late its sends may leave.
+    /// Not part of the configuration agreement: replicas may differ in it,
+    /// as it shapes only this process's calls and sends.
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
         self
     }
 
@@ -251,29 +158,32 @@ impl RedisLimiterBuilder {
                 min: RedisLimiter::MIN_LEASE_TTL,
             });
         }
-        let concurrency_retry = self.concurrency_retry.unwrap_or_else(|| {
+        let Tuning {
+            concurrency_retry,
+            book_ahead,
+            slot_margin,
+            max_lateness,
+        } = self.tuning;
+        let concurrency_retry = concurrency_retry.unwrap_or_else(|| {
             let min_delay = self.policies.default_pacing().min_delay();
             if min_delay.is_zero() {
-                RedisLimiter::DEFAULT_CONCURRENCY_RETRY
+                Tuning::DEFAULT_CONCURRENCY_RETRY
             } else {
-                min_delay.clamp(
-                    Duration::from_millis(1),
-                    RedisLimiter::DEFAULT_CONCURRENCY_RETRY,
-                )
+                min_delay.clamp(Duration::from_millis(1), Tuning::DEFAULT_CONCURRENCY_RETRY)
             }
         });
-        micros("book_ahead", self.book_ahead)?;
-        micros("slot_margin", self.slot_margin)?;
-        if self.max_lateness.is_zero() {
+        micros("book_ahead", book_ahead)?;
+        micros("slot_margin", slot_margin)?;
+        if max_lateness.is_zero() {
             return Err(ConfigError::Zero {
                 field: "max_lateness",
             });
         }
-        if self.book_ahead > self.lease_ttl {
+        if book_ahead > self.lease_ttl {
             // A booked lease must outlive the wait for its slot.
             return Err(ConfigError::TooLong {
                 field: "book_ahead",
-                value: self.book_ahead,
+                value: book_ahead,
                 max: self.lease_ttl,
             });
         }
@@ -304,10 +214,7 @@ impl RedisLimiterBuilder {
                     bucket_us: quota_buckets(pacing.quota(), window_us),
                     admitted_us: 0,
                     room_us: 0,
-                    patience_us: (concurrency_retry
-                        + pacing.jitter()
-                        + self.slot_margin
-                        + LINE_SLACK)
+                    patience_us: (concurrency_retry + pacing.jitter() + slot_margin + LINE_SLACK)
                         .as_micros()
                         .min(u128::from(crate::MAX_MICROS)) as u64,
                 }
@@ -376,9 +283,9 @@ impl RedisLimiterBuilder {
             lease_ttl: self.lease_ttl,
             lease_ttl_us,
             concurrency_retry,
-            book_ahead: self.book_ahead,
-            slot_margin: self.slot_margin,
-            max_lateness: self.max_lateness,
+            book_ahead,
+            slot_margin,
+            max_lateness,
             fallback_policy: self.fallback_policy,
             expected_replicas: self.expected_replicas,
             args,

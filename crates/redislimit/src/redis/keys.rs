@@ -12,25 +12,25 @@ use crate::{ConfigError, HostKey};
 /// produce another host's key. What each key holds is described once, in
 /// `docs/DESIGN.md` ("Keys in Redis").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisKeys {
+pub(crate) struct RedisKeys {
     /// The HASH with the host's next allowed send (and the serialized holder).
-    pub gate: String,
+    pub(crate) gate: String,
     /// The ZSET of leases in flight (lease mode).
-    pub leases: String,
+    pub(crate) leases: String,
     /// The ZSET of admission instants inside the quota window.
-    pub admits: String,
+    pub(crate) admits: String,
     /// The ZSET of abandoned acquires that must book nothing if they run.
-    pub void: String,
+    pub(crate) void: String,
     /// The HASH of the waiting line across replicas: the acquires told to
     /// wait, by when they joined, kept while they keep asking. Keyed by
     /// registrable domain, hosts of one domain under different rules wait
     /// in lines of their own (see [`in_lane`](Self::in_lane)).
-    pub waiting: String,
+    pub(crate) waiting: String,
 }
 
 impl RedisKeys {
     /// The keys of `host` in `scope` under `prefix`.
-    pub fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
+    pub(crate) fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
         let tag = tag(&[prefix, scope, host.as_str()]);
         let base = format!("{prefix}:{scope}:{{{tag}}}");
         Self {
@@ -45,13 +45,13 @@ impl RedisKeys {
     /// The key recording the settings every replica of `scope` under
     /// `prefix` admits with (see `RedisLimiter::check_config`): a STRING,
     /// under a hash tag of its own that no host's tag can equal.
-    pub fn config(prefix: &str, scope: &str) -> String {
+    pub(crate) fn config(prefix: &str, scope: &str) -> String {
         format!("{prefix}:{scope}:{{{}}}:config", tag(&[prefix, scope]))
     }
 
     /// The registry of the replicas of `scope` under `prefix` (a ZSET of
     /// replica id to expiry), under a hash tag of its own.
-    pub fn replicas(prefix: &str, scope: &str) -> String {
+    pub(crate) fn replicas(prefix: &str, scope: &str) -> String {
         format!("{prefix}:{scope}:{{{}}}:replicas", tag(&[prefix, scope]))
     }
 
@@ -59,7 +59,7 @@ impl RedisKeys {
     /// pattern), beside the one state: hosts that share a key but not a
     /// rule must not wait behind each other, since each is admitted on its
     /// own rule's terms (a quota one has and the other has not, say).
-    pub fn in_lane(mut self, lane: &str) -> Self {
+    pub(crate) fn in_lane(mut self, lane: &str) -> Self {
         self.waiting = format!("{}:{}", self.waiting, &tag(&[lane])[..16]);
         self
     }

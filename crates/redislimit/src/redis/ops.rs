@@ -107,7 +107,7 @@ pub(super) async fn penalize(core: &Core, host: HostKey, hold: Duration) -> Resu
         }
         Err(e) => {
             let err = e.into_error(Op::Penalize);
-            tracing::warn!(host = %host, error = %crate::Causes(&err), "penalize failed");
+            tracing::warn!(host = %host, error = %crate::error::Causes(&err), "penalize failed");
             core.hooks.on_error(Op::Penalize, &err);
             Err(err)
         }
@@ -150,7 +150,7 @@ pub(super) async fn back_off(
         }
         Err(e) => {
             let err = e.into_error(Op::Penalize);
-            tracing::warn!(host = %host, error = %crate::Causes(&err), "backoff failed");
+            tracing::warn!(host = %host, error = %crate::error::Causes(&err), "backoff failed");
             core.hooks.on_error(Op::Penalize, &err);
             Err(err)
         }

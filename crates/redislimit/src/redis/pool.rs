@@ -72,9 +72,9 @@ impl RedisTimeouts {
 /// deadpool-redis pool takes none; `SSL_CERT_FILE` works for all three).
 ///
 /// The limiter only runs scripts on it and does not care which deployment
-/// it is. A pool passed in as a variant is used exactly as configured: set
-/// its timeouts (see [`RedisTimeouts`] for why). The constructors build
-/// pools with timeouts set.
+/// it is. The constructors build pools with timeouts set; a deadpool-redis
+/// pool passed in (`from_deadpool*`) is used exactly as configured: set its
+/// timeouts (see [`RedisTimeouts`] for why).
 ///
 /// ```no_run
 /// use redislimit::{RedisPool, RedisTimeouts};
@@ -103,33 +103,36 @@ impl RedisTimeouts {
 ///     },
 ///     ..PoolConfig::default()
 /// });
-/// let mine = RedisPool::Standalone(config.create_pool(Some(Runtime::Tokio1)).unwrap());
+/// let mine = RedisPool::from_deadpool(config.create_pool(Some(Runtime::Tokio1)).unwrap());
 /// # Ok::<(), redislimit::ConfigError>(())
 /// ```
 #[derive(Clone)]
-#[non_exhaustive]
-pub enum RedisPool {
+pub struct RedisPool(Pools);
+
+/// The deployment a [`RedisPool`] reaches, and through what.
+#[derive(Clone)]
+enum Pools {
     /// One Redis server.
     Standalone(deadpool_redis::Pool),
     /// A master found through Sentinel; connections that meet `READONLY`
     /// after a failover are dropped, so the next call finds the new master.
     Sentinel(deadpool_redis::sentinel::Pool),
-    /// A Redis Cluster through a [`ClusterClient`] you configure (set its
-    /// `response_timeout`); what [`RedisPool::cluster`] builds.
+    /// A Redis Cluster through a [`ClusterClient`] with a response timeout;
+    /// what [`RedisPool::cluster`] builds.
     Cluster(ClusterPool),
-    /// A Redis Cluster through deadpool-redis' own cluster pool. That pool
-    /// cannot set a response timeout, so a frozen node stalls a call until
-    /// the operating system gives up; prefer [`RedisPool::Cluster`].
+    /// A Redis Cluster through deadpool-redis' own cluster pool, which
+    /// cannot set a response timeout: a frozen node stalls a call until the
+    /// operating system gives up.
     DeadpoolCluster(deadpool_redis::cluster::Pool),
 }
 
 impl fmt::Debug for RedisPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (kind, status) = match self {
-            Self::Standalone(p) => ("Standalone", p.status()),
-            Self::Sentinel(p) => ("Sentinel", p.status()),
-            Self::Cluster(p) => ("Cluster", p.status()),
-            Self::DeadpoolCluster(p) => ("DeadpoolCluster", p.status()),
+        let (kind, status) = match &self.0 {
+            Pools::Standalone(p) => ("Standalone", p.status()),
+            Pools::Sentinel(p) => ("Sentinel", p.status()),
+            Pools::Cluster(p) => ("Cluster", p.status()),
+            Pools::DeadpoolCluster(p) => ("DeadpoolCluster", p.status()),
         };
         f.debug_tuple(kind).field(&status).finish()
     }
@@ -202,7 +205,7 @@ impl RedisPool {
             .apply(deadpool_redis::Pool::builder(manager))
             .build()
             .map_err(invalid)?;
-        Ok(Self::Standalone(pool))
+        Ok(Self(Pools::Standalone(pool)))
     }
 
     /// A pool of connections to the master that the Sentinels at
@@ -235,7 +238,7 @@ impl RedisPool {
             .apply(deadpool_redis::sentinel::Pool::builder(manager))
             .build()
             .map_err(invalid)?;
-        Ok(Self::Sentinel(pool))
+        Ok(Self(Pools::Sentinel(pool)))
     }
 
     /// A pool of cluster connections seeded from `nodes` (`rediss://` URLs
@@ -265,6 +268,25 @@ impl RedisPool {
         Self::cluster_with(builder, timeouts)
     }
 
+    /// A pool of your own, to one server, used exactly as configured (set
+    /// its wait, create and recycle timeouts, and its connections'
+    /// response timeout: see [`RedisTimeouts`] for why).
+    pub fn from_deadpool(pool: deadpool_redis::Pool) -> Self {
+        Self(Pools::Standalone(pool))
+    }
+
+    /// A Sentinel pool of your own, used exactly as configured.
+    pub fn from_deadpool_sentinel(pool: deadpool_redis::sentinel::Pool) -> Self {
+        Self(Pools::Sentinel(pool))
+    }
+
+    /// deadpool-redis' own Cluster pool, used exactly as configured. It
+    /// cannot set a response timeout, so a frozen node stalls a call until
+    /// the operating system gives up; prefer [`RedisPool::cluster`].
+    pub fn from_deadpool_cluster(pool: deadpool_redis::cluster::Pool) -> Self {
+        Self(Pools::DeadpoolCluster(pool))
+    }
+
     fn cluster_with(
         builder: ClusterClientBuilder,
         timeouts: RedisTimeouts,
@@ -279,7 +301,7 @@ impl RedisPool {
             .apply(ClusterPool::builder(ClusterManager::new(client)))
             .build()
             .map_err(invalid)?;
-        Ok(Self::Cluster(pool))
+        Ok(Self(Pools::Cluster(pool)))
     }
 }
 
@@ -336,19 +358,19 @@ impl Connections {
             return Ok(cached);
         }
         let pool_err = |e: deadpool_redis::PoolError| QueryError::Pool(Box::new(e));
-        let conn = match &self.pool {
-            RedisPool::Standalone(p) => Conn::Single(deadpool_redis::Connection::take(
+        let conn = match &self.pool.0 {
+            Pools::Standalone(p) => Conn::Single(deadpool_redis::Connection::take(
                 p.get().await.map_err(pool_err)?,
             )),
-            RedisPool::Sentinel(p) => Conn::Single(deadpool_redis::sentinel::Connection::take(
+            Pools::Sentinel(p) => Conn::Single(deadpool_redis::sentinel::Connection::take(
                 p.get().await.map_err(pool_err)?,
             )),
-            RedisPool::Cluster(p) => Conn::Cluster(managed::Object::take(
+            Pools::Cluster(p) => Conn::Cluster(managed::Object::take(
                 p.get().await.map_err(|e| QueryError::Pool(Box::new(e)))?,
             )),
-            RedisPool::DeadpoolCluster(p) => Conn::Cluster(
-                deadpool_redis::cluster::Connection::take(p.get().await.map_err(pool_err)?),
-            ),
+            Pools::DeadpoolCluster(p) => Conn::Cluster(deadpool_redis::cluster::Connection::take(
+                p.get().await.map_err(pool_err)?,
+            )),
         };
         let mut current = self.lock();
         current.0 += 1;
@@ -406,18 +428,17 @@ impl QueryError {
     }
 }
 
-/// A deadpool pool of Redis Cluster connections.
-pub type ClusterPool = managed::Pool<ClusterManager>;
+/// A deadpool pool of Redis Cluster connections with a response timeout.
+type ClusterPool = managed::Pool<ClusterManager>;
 
 /// Creates and recycles [`ClusterConnection`]s for a [`ClusterPool`].
-pub struct ClusterManager {
+struct ClusterManager {
     client: ClusterClient,
 }
 
 impl ClusterManager {
-    /// A manager opening connections with `client`, configured as you like
-    /// (set its `response_timeout` and `connection_timeout`).
-    pub fn new(client: ClusterClient) -> Self {
+    /// A manager opening connections with `client`.
+    fn new(client: ClusterClient) -> Self {
         Self { client }
     }
 }

@@ -199,7 +199,7 @@ impl Lease {
                 Err(err) => {
                     let now = Instant::now();
                     if !failing {
-                        tracing::warn!(gate = %keys.gate, error = %crate::Causes(&err), "lease renewal failed; retrying");
+                        tracing::warn!(gate = %keys.gate, error = %crate::error::Causes(&err), "lease renewal failed; retrying");
                         hooks.on_error(Op::Renew, &err);
                     }
                     failing = true;

@@ -151,7 +151,7 @@ async fn release(core: &Core, ticket: &Ticket, abandoned: bool) {
         };
         let err = e.into_error(Op::Release);
         if backoff == Duration::from_millis(50) {
-            tracing::warn!(%gate, error = %crate::Causes(&err), "release failed; retrying");
+            tracing::warn!(%gate, error = %crate::error::Causes(&err), "release failed; retrying");
             core.hooks.on_error(Op::Release, &err);
         }
         if start.elapsed() + backoff > core.settings.lease_ttl {

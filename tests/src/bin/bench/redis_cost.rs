@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redislimit::{HostKey, Limiter, Pacing, Permit, RedisLimiter, RedisPool, RedisTimeouts};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use serde_json::json;
 
 use crate::Figure;
@@ -207,7 +208,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let keys = quota.keys(&counted);
+    let keys = HostKeys::of("bench-quota", counted.as_str());
     let state_bytes: f64 = [&keys.gate, &keys.leases, &keys.admits, &keys.void]
         .iter()
         .map(|key| server.memory_usage(key) as f64)

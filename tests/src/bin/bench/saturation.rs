@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redislimit::{HostKey, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit::{HostKey, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 use redislimit_tests::RedisServer;
 use redislimit_tests::record::{Recorder, Request, max_in_flight, max_in_window};
 use serde_json::json;
@@ -69,7 +69,7 @@ fn rate(reqs: &[Request]) -> f64 {
 }
 
 fn replicas(server: &RedisServer, pacing: &Pacing, cap: u32) -> Vec<Arc<dyn Limiter>> {
-    replicas_with(server, pacing, cap, RedisLimiter::DEFAULT_SLOT_MARGIN)
+    replicas_with(server, pacing, cap, Tuning::DEFAULT_SLOT_MARGIN)
 }
 
 /// [`replicas`], aiming `margin` after each slot.
@@ -85,7 +85,7 @@ fn replicas_with(
             let limiter = RedisLimiter::builder(pool, "saturation")
                 .pacing(pacing.clone())
                 .cluster_concurrency(cap)
-                .slot_margin(margin)
+                .tuning(redislimit::Tuning::default().with_slot_margin(margin))
                 .build()
                 .unwrap();
             Arc::new(limiter) as Arc<dyn Limiter>
@@ -145,7 +145,7 @@ fn lease_figure(name: &str, reqs: &[Request], delay: Duration, margin: Duration)
 /// `violations`; with another margin than the default (shown for
 /// comparison), to zero violations only.
 fn judged(figure: Figure, margin: Duration, goal: &str, met: bool, violations: usize) -> Figure {
-    if margin == RedisLimiter::DEFAULT_SLOT_MARGIN {
+    if margin == Tuning::DEFAULT_SLOT_MARGIN {
         figure.held_to(&format!("{goal}, zero violations"), met && violations == 0)
     } else {
         figure.held_to("zero violations (not the default margin)", violations == 0)
@@ -159,7 +159,7 @@ const SLACK: Duration = Duration::from_millis(3);
 /// of their figures: the default, and below 100 ms a wide one (1 ms, the
 /// default before late admissions were handed back).
 fn margins(ms: u64) -> Vec<(&'static str, Duration)> {
-    let mut margins = vec![("", RedisLimiter::DEFAULT_SLOT_MARGIN)];
+    let mut margins = vec![("", Tuning::DEFAULT_SLOT_MARGIN)];
     if ms < 100 {
         margins.push(("_margin_1ms", Duration::from_millis(1)));
     }
