@@ -21,7 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 use redislimit::{DomainLimiter, Pacing};
-use redislimit_tower::PaceLayer;
+use redislimit_tower::{PaceLayer, PaceOptions};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_http::follow_redirect::{FollowRedirectLayer, RequestUri};
 
@@ -62,7 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // its permit.
     let client = ServiceBuilder::new()
         .layer(FollowRedirectLayer::new())
-        .layer(PaceLayer::new(limiter).with_engine("example"))
+        .layer(PaceLayer::new(limiter).with_options(PaceOptions::default().with_engine("example")))
         .service(hyper);
 
     let started = Instant::now();

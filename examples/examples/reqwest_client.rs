@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use redislimit::{DomainLimiter, Pacing};
-use redislimit_reqwest::PacingMiddleware;
+use redislimit_reqwest::{PaceOptions, PacingMiddleware};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,7 +28,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .resolve("b.test", upstream)
         .build()?;
     let client = reqwest_middleware::ClientBuilder::new(http)
-        .with(PacingMiddleware::new(limiter).with_engine("example"))
+        .with(
+            PacingMiddleware::new(limiter)
+                .with_options(PaceOptions::default().with_engine("example")),
+        )
         .build();
 
     let started = Instant::now();

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redislimit_reqwest::PacingMiddleware;
+use redislimit_reqwest::{PaceOptions, PacingMiddleware, RateLimitHeaders};
 use redislimit_tests::Upstream;
 use reqwest_middleware::ClientBuilder;
 
@@ -87,7 +87,12 @@ async fn github_style_headers_hold_the_host_until_the_epoch_reset() {
         Duration::from_millis(900),
     );
     // Switched off, the same answer holds nothing.
-    let (next, _) = hold_after(plain().with_rate_limit_headers(false), &spent).await;
+    let (next, _) = hold_after(
+        plain()
+            .with_options(PaceOptions::default().with_rate_limit_headers(RateLimitHeaders::Ignore)),
+        &spent,
+    )
+    .await;
     assert!(
         next < Duration::from_millis(900),
         "held although switched off: {next:?}"

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redislimit::{Error, Hooks, Limiter, RedisLimiter, RedisPool, RedisTimeouts, WaitOutcome};
-use redislimit_reqwest::{Engine, PacingMiddleware, pacing_error};
+use redislimit_reqwest::{Engine, PaceOptions, PacingMiddleware, pacing_error};
 use redislimit_tests::record::{assert_serialized, max_in_flight};
 use redislimit_tests::{RedisServer, Upstream};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -102,7 +102,7 @@ async fn dropping_a_response_unread_releases_the_permit() {
     let client = client(
         &upstream,
         PacingMiddleware::new(domain_limiter(|p| p.max_concurrent(1)))
-            .with_max_wait(Duration::from_secs(2)),
+            .with_options(PaceOptions::default().with_max_wait(Duration::from_secs(2))),
     );
     let response = client
         .get(upstream.url("a.test", "/slow?chunks=50&every=100"))
@@ -200,9 +200,11 @@ async fn garbage_and_huge_retry_after_values_are_bounded() {
     }));
     let c = client(
         &upstream,
-        PacingMiddleware::from_arc(Arc::clone(&limiter))
-            .with_max_wait(500 * MS)
-            .with_backoff(None),
+        PacingMiddleware::from_arc(Arc::clone(&limiter)).with_options(
+            PaceOptions::default()
+                .with_max_wait(500 * MS)
+                .with_backoff(None),
+        ),
     );
     for (code, value) in [(429, "soon"), (503, "-5")] {
         let status = fetch(
@@ -225,7 +227,8 @@ async fn garbage_and_huge_retry_after_values_are_bounded() {
     let upstream = Upstream::start().await;
     let c = client(
         &upstream,
-        PacingMiddleware::from_arc(limiter).with_max_wait(Duration::from_secs(3)),
+        PacingMiddleware::from_arc(limiter)
+            .with_options(PaceOptions::default().with_max_wait(Duration::from_secs(3))),
     );
     let gap = gap_after_429(&upstream, &c, &c, "retry_after=9999999999999").await;
     assert!(gap >= Duration::from_secs(1), "{gap:?}");
@@ -237,7 +240,7 @@ async fn a_default_penalty_applies_without_retry_after() {
     let c = client(
         &upstream,
         PacingMiddleware::new(domain_limiter(|p| p.max_concurrent(2)))
-            .with_default_penalty(Duration::from_millis(700)),
+            .with_options(PaceOptions::default().with_default_penalty(Duration::from_millis(700))),
     );
     let gap = gap_after_429(&upstream, &c, &c, "x=1").await;
     assert!(gap >= 700 * MS, "{gap:?}");
@@ -315,7 +318,7 @@ async fn the_engine_label_can_be_overridden_per_request() {
         redislimit::DomainLimiter::with_hooks(redislimit::Pacing::default(), hooks.clone());
     let c = client(
         &upstream,
-        PacingMiddleware::new(limiter).with_engine("crawler"),
+        PacingMiddleware::new(limiter).with_options(PaceOptions::default().with_engine("crawler")),
     );
     c.get(upstream.url("a.test", "/"))
         .send()

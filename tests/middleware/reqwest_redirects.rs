@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redislimit_reqwest::{PacingMiddleware, RedirectError, Redirects};
+use redislimit_reqwest::{PaceOptions, PacingMiddleware, RedirectError, Redirects};
 use redislimit_tests::Upstream;
 use redislimit_tests::record::assert_serialized;
 use reqwest::redirect::Policy;
@@ -131,7 +131,7 @@ async fn the_hops_are_reported_and_each_frees_its_slot() {
         &upstream,
         Policy::none(),
         PacingMiddleware::new(domain_limiter(|p| p.max_concurrent(1).min_delay(gap)))
-            .with_max_wait(Duration::from_secs(2)),
+            .with_options(PaceOptions::default().with_max_wait(Duration::from_secs(2))),
     );
     let last = upstream.url("s.test", "/?last");
     let middle = upstream.redirect_url("s.test", &last, 307);

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use redislimit::{Error, Limiter};
 use redislimit_tests::Upstream;
 use redislimit_tests::record::{assert_serialized, max_in_flight};
-use redislimit_tower::PaceLayer;
+use redislimit_tower::{PaceLayer, PaceOptions};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 use crate::{HOSTS, MS, bounded, domain_limiter};
@@ -130,7 +130,10 @@ async fn a_dropped_body_releases_and_a_hopeless_wait_fails_fast_with_a_typed_err
     let upstream = Upstream::start().await;
     let limiter: Arc<dyn Limiter> = Arc::new(domain_limiter(|p| p.max_concurrent(1)));
     let mut client = ServiceBuilder::new()
-        .layer(PaceLayer::from_arc(limiter).with_max_wait(Duration::from_secs(1)))
+        .layer(
+            PaceLayer::from_arc(limiter)
+                .with_options(PaceOptions::default().with_max_wait(Duration::from_secs(1))),
+        )
         .service(hyper_client(&upstream));
     let request = http::Request::get(upstream.url("a.test", "/slow?chunks=100&every=100"))
         .body(Empty::new())

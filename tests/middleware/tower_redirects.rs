@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redislimit_tests::Upstream;
 use redislimit_tests::record::{assert_serialized, min_send_gap};
-use redislimit_tower::PaceLayer;
+use redislimit_tower::{PaceLayer, PaceOptions};
 use tower::ServiceBuilder;
 use tower_http::follow_redirect::FollowRedirectLayer;
 
@@ -80,7 +80,7 @@ async fn a_redirect_hop_releases_its_permit_before_the_next_hop_is_paced() {
     // One request in flight per host, and a hopeless wait fails: a hop
     // whose permit outlived it would fail the next hop to the same host.
     let layer = PaceLayer::new(domain_limiter(|p| p.max_concurrent(1).min_delay(gap)))
-        .with_max_wait(Duration::from_secs(2));
+        .with_options(PaceOptions::default().with_max_wait(Duration::from_secs(2)));
     let mut client = ServiceBuilder::new()
         .layer(FollowRedirectLayer::new())
         .layer(layer)

@@ -154,7 +154,8 @@ fn split_test_args(
     (cargo_args, binary_args)
 }
 
-/// `cargo xtask test`: redis binaries, fmt, clippy, tests, docs.
+/// `cargo xtask test`: redis binaries, fmt, clippy (also on the core
+/// without its Redis feature), tests, docs.
 fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
     header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
     redis::ensure_installed().map_err(|detail| Failure::new("redis", detail))?;
@@ -166,6 +167,21 @@ fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    // The in-process limiter alone, as a user without Redis builds it.
+    step(
+        "clippy without default features",
+        cargo().args([
+            "clippy",
+            "-p",
+            "redislimit",
+            "--no-default-features",
+            "--features",
+            "metrics",
             "--",
             "-D",
             "warnings",

@@ -10,7 +10,7 @@
 //! ```
 //! use std::time::Duration;
 //! use redislimit::{DomainLimiter, Pacing};
-//! use redislimit_reqwest::PacingMiddleware;
+//! use redislimit_reqwest::{PaceOptions, PacingMiddleware};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = DomainLimiter::new(
@@ -24,14 +24,14 @@
 //!     .redirect(reqwest::redirect::Policy::none())
 //!     .build()?;
 //! let client = reqwest_middleware::ClientBuilder::new(http)
-//!     .with(PacingMiddleware::new(limiter).with_engine("crawler"))
+//!     .with(PacingMiddleware::new(limiter).with_options(PaceOptions::default().with_engine("crawler")))
 //!     .build();
 //! // client.get("https://example.com/").send().await? is now paced per host.
 //! # let _ = client; Ok(()) }
 //! ```
 //!
 //! A wait longer than the request's own timeout (`RequestBuilder::timeout`)
-//! or the configured [`with_max_wait`](PacingMiddleware::with_max_wait)
+//! or the configured [`PaceOptions::with_max_wait`]
 //! fails at once; the limiter's error comes back as a
 //! [`reqwest_middleware::Error::Middleware`] from which [`pacing_error`]
 //! recovers it.
@@ -44,5 +44,5 @@ mod middleware;
 pub use self::error::{NotSent, RedirectError, pacing_error};
 pub use self::middleware::{PacingMiddleware, Redirects};
 pub use redislimit;
-pub use redislimit::http::{Engine, MaxWait};
+pub use redislimit::http::{Backoff, Engine, MaxWait, PaceOptions, RateLimitHeaders};
 pub use reqwest_middleware;

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,18 +27,19 @@ use crate::error::{NotSent, RedirectError, redirect_error, to_middleware};
 ///    priority of its [`RequestPacing`](redislimit::RequestPacing)
 ///    extension (`with_extension(RequestPacing::new().with_priority(200))`)
 ///    (`RequestBuilder::with_extension(Engine::new("search"))`), within a
-///    budget: the request's own timeout or [`with_max_wait`](Self::with_max_wait),
-///    whichever is shorter; a wait that cannot fit fails at once;
+///    budget: the request's own timeout or the options' maximum wait
+///    ([`PaceOptions::with_max_wait`]), whichever is shorter; a wait that
+///    cannot fit fails at once;
 /// 3. sends it, and on `429` or `503` penalizes the host for its
 ///    `Retry-After` (both forms, capped by the limiter's maximum penalty), or
-///    for [`with_default_penalty`](Self::with_default_penalty) without one;
+///    for the options' default penalty without one;
 ///    whatever the status, a `RateLimit` field or `X-RateLimit-*` headers
 ///    saying the budget is spent hold the host until their reset, and a
 ///    low budget is spread up to it
-///    ([`with_rate_limit_headers`](Self::with_rate_limit_headers)); an
+///    ([`PaceOptions::with_rate_limit_headers`]); an
 ///    overload that says nothing (a bare `429`/`503`, another `5xx`, a
 ///    timeout, a refused or reset connection) widens the host's gap, and
-///    successes narrow it back ([`with_backoff`](Self::with_backoff)),
+///    successes narrow it back ([`PaceOptions::with_backoff`]),
 ///    through Redis for every replica when the limiter keeps it there.
 ///    What was applied is put in the response's extensions as a
 ///    [`ServerSignal`](redislimit::http::ServerSignal);
@@ -113,40 +113,19 @@ impl PacingMiddleware {
         self
     }
 
-    /// The engine label reported to hooks for requests that carry none.
-    pub fn with_engine(mut self, engine: impl Into<std::borrow::Cow<'static, str>>) -> Self {
-        self.options = self.options.with_engine(engine);
+    /// The per-request choices: the default engine label, the longest
+    /// wait, the penalty for a bare `429`/`503`, whether rate limit headers
+    /// are honored, the adaptive backoff (see [`PaceOptions`]; its default
+    /// until set).
+    pub fn with_options(mut self, options: PaceOptions) -> Self {
+        self.options = options;
         self
     }
 
-    /// The longest any request may wait for its turn; a longer wait fails at
-    /// once with [`redislimit::Error::WaitBudget`].
-    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
-        self.options = self.options.with_max_wait(max_wait);
-        self
-    }
-
-    /// The penalty for a `429` or `503` that carries no usable `Retry-After`.
-    pub fn with_default_penalty(mut self, penalty: Duration) -> Self {
-        self.options = self.options.with_default_penalty(penalty);
-        self
-    }
-
-    /// Whether a response whose `RateLimit` field or `X-RateLimit-*`
-    /// headers say the budget is spent holds its host until the reset (on
-    /// by default; see [`rate_limit_hold`](redislimit::http::rate_limit_hold)).
-    pub fn with_rate_limit_headers(mut self, read: bool) -> Self {
-        self.options = self.options.with_rate_limit_headers(read);
-        self
-    }
-
-    /// The adaptive backoff for overload signals that carry no delay (a
-    /// bare `429`/`503`, another `5xx`, a timeout, a refused or reset
-    /// connection); `None` switches it off. On by default:
-    /// [`Backoff::default`](redislimit::http::Backoff).
-    pub fn with_backoff(mut self, backoff: Option<redislimit::http::Backoff>) -> Self {
-        self.options = self.options.with_backoff(backoff);
-        self
+    /// The per-request choices in force (see
+    /// [`with_options`](Self::with_options)).
+    pub fn options(&self) -> &PaceOptions {
+        &self.options
     }
 
     /// The limiter this middleware paces through.

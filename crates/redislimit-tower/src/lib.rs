@@ -15,7 +15,7 @@
 //! use std::convert::Infallible;
 //! use std::time::Duration;
 //! use redislimit::{DomainLimiter, Pacing};
-//! use redislimit_tower::PaceLayer;
+//! use redislimit_tower::{PaceLayer, PaceOptions};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -27,7 +27,7 @@
 //!     Ok::<_, Infallible>(http::Response::new(String::from("hello")))
 //! });
 //! let mut client = ServiceBuilder::new()
-//!     .layer(PaceLayer::new(limiter).with_engine("crawler"))
+//!     .layer(PaceLayer::new(limiter).with_options(PaceOptions::default().with_engine("crawler")))
 //!     .service(upstream);
 //!
 //! let request = http::Request::get("http://example.com/").body(String::new())?;
@@ -48,12 +48,12 @@
 //!
 //! `FollowRedirect` builds each hop anew, without the request's extensions,
 //! so an [`Engine`] extension labels only the first hop; the later ones get
-//! the layer's engine ([`PaceLayer::with_engine`]).
+//! the layer's engine ([`PaceOptions::with_engine`]).
 //!
 //! ```
 //! use std::convert::Infallible;
 //! use redislimit::{DomainLimiter, Pacing};
-//! use redislimit_tower::PaceLayer;
+//! use redislimit_tower::{PaceLayer, PaceOptions};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //! use tower_http::follow_redirect::{FollowRedirectLayer, RequestUri};
 //!
@@ -88,4 +88,4 @@ mod pace;
 
 pub use self::pace::{Pace, PaceLayer, future};
 pub use redislimit;
-pub use redislimit::http::{Engine, MaxWait, PermitBody};
+pub use redislimit::http::{Backoff, Engine, MaxWait, PaceOptions, PermitBody, RateLimitHeaders};

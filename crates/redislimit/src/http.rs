@@ -13,7 +13,7 @@ use std::borrow::Cow;
 
 pub use self::backoff::{Backoff, is_transport_failure};
 pub use self::body::PermitBody;
-pub use self::options::{PaceOptions, Reaction, ServerSignal};
+pub use self::options::{PaceOptions, RateLimitHeaders, Reaction, ServerSignal};
 pub use self::rate_limit::{Budget, rate_limit_budget, rate_limit_hold};
 pub use self::retry_after::{penalty, retry_after};
 

@@ -101,7 +101,10 @@ pub use self::{
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
 
+#[cfg(feature = "redis")]
 pub(crate) use self::error::BoxError;
 pub(crate) use self::hooks::NoHooks;
 pub(crate) use self::limiter::BackoffStep;
-pub(crate) use self::pacing::{MAX_MICROS, Spacing};
+#[cfg(feature = "redis")]
+pub(crate) use self::pacing::MAX_MICROS;
+pub(crate) use self::pacing::Spacing;

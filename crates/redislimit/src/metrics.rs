@@ -46,8 +46,8 @@ impl MetricsHooks {
 
     /// Adds a `host` label (the key) to the acquire and hold series. Only
     /// for a bounded set of hosts: each host is a series.
-    pub fn with_host_label(mut self, on: bool) -> Self {
-        self.host_label = on;
+    pub fn with_host_label(mut self) -> Self {
+        self.host_label = true;
         self
     }
 }

@@ -169,23 +169,27 @@ impl Pacing {
 
     /// Whether `n` replicas can divide this pacing's quota and an in-flight
     /// cap of `cap` among them, each getting at least one.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn divides(&self, n: u32, cap: u32) -> bool {
         (self.quota == 0 || self.quota >= n) && cap >= n
     }
 
     /// The same pacing with `min_delay` counted from `spacing`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_spacing(mut self, spacing: Spacing) -> Self {
         self.spacing = spacing;
         self
     }
 
     /// The same pacing with another bound on waiting acquires.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_max_queued(mut self, n: Option<u32>) -> Self {
         self.max_queued = n;
         self
     }
 
     /// The same pacing with another per-process concurrency (at least 1).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_max_concurrent(mut self, n: u32) -> Self {
         self.max_concurrent = n.max(1);
         self

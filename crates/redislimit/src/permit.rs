@@ -71,6 +71,7 @@ impl Permit {
     }
 
     /// The same permit, as granted after waiting `waited`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn waited_for(mut self, waited: Duration) -> Self {
         self.waited = waited;
         self

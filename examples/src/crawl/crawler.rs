@@ -15,7 +15,9 @@ use anyhow::Context;
 use http::Extensions;
 use indicatif::{ProgressBar, ProgressStyle};
 use redislimit::error::Causes;
-use redislimit::http::{MaxWait, ServerSignal, retry_after};
+use redislimit::http::{
+    Backoff, MaxWait, PaceOptions, RateLimitHeaders, ServerSignal, retry_after,
+};
 use redislimit::{Error, HostKey, KeyBy, Limiter, RequestPacing};
 use redislimit_reqwest::{NotSent, PacingMiddleware, Redirects, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
@@ -385,19 +387,24 @@ impl Crawler {
             .default_headers(headers)
             .build()
             .context("cannot build the HTTP client")?;
-        let mut pacing =
-            PacingMiddleware::from_arc(Arc::clone(&limiter)).with_engine(args.engine.clone());
+        let mut options = PaceOptions::default().with_engine(args.engine.clone());
         if let Some(max_wait) = args.max_wait {
-            pacing = pacing.with_max_wait(max_wait);
+            options = options.with_max_wait(max_wait);
         }
         if let Some(penalty) = args.default_penalty {
-            pacing = pacing.with_default_penalty(penalty);
+            options = options.with_default_penalty(penalty);
         }
-        let backoff = (!args.no_backoff)
-            .then(|| redislimit::http::Backoff::new(Duration::from_secs(1), args.max_penalty));
-        pacing = pacing
+        let backoff =
+            (!args.no_backoff).then(|| Backoff::new(Duration::from_secs(1), args.max_penalty));
+        let headers = if args.no_rate_limit_headers {
+            RateLimitHeaders::Ignore
+        } else {
+            RateLimitHeaders::Honor
+        };
+        options = options
             .with_backoff(backoff)
-            .with_rate_limit_headers(!args.no_rate_limit_headers);
+            .with_rate_limit_headers(headers);
+        let pacing = PacingMiddleware::from_arc(Arc::clone(&limiter)).with_options(options);
         let client = ClientBuilder::new(http).with(pacing).with(Stamp).build();
         Ok(Self {
             client,

@@ -1,9 +1,7 @@
 //! `PaceLayer`: wraps services in [`Pace`].
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redislimit::Limiter;
 use redislimit::http::PaceOptions;
@@ -42,45 +40,24 @@ impl PaceLayer {
         }
     }
 
-    fn with(mut self, change: impl FnOnce(PaceOptions) -> PaceOptions) -> Self {
-        let options = change(self.settings.options.clone());
+    /// The per-request choices: the default engine label, the longest
+    /// wait, the penalty for a bare `429`/`503`, whether rate limit headers
+    /// are honored, the adaptive backoff (see [`PaceOptions`]; its default
+    /// until set). The backoff also widens on an inner service error that
+    /// is a timeout (tower's own or an I/O one) or a refused, reset or cut
+    /// connection (see
+    /// [`is_transport_failure`](redislimit::http::is_transport_failure)).
+    pub fn with_options(self, options: PaceOptions) -> Self {
         let limiter = Arc::clone(&self.settings.limiter);
-        self.settings = Arc::new(Settings { limiter, options });
-        self
+        Self {
+            settings: Arc::new(Settings { limiter, options }),
+        }
     }
 
-    /// The engine label for requests that carry no [`Engine`](redislimit::http::Engine) extension.
-    pub fn with_engine(self, engine: impl Into<Cow<'static, str>>) -> Self {
-        self.with(|o| o.with_engine(engine))
-    }
-
-    /// The longest a request may wait for its turn; a longer wait fails at
-    /// once with [`redislimit::Error::WaitBudget`].
-    pub fn with_max_wait(self, max_wait: Duration) -> Self {
-        self.with(|o| o.with_max_wait(max_wait))
-    }
-
-    /// The penalty for a `429` or `503` that carries no usable `Retry-After`.
-    pub fn with_default_penalty(self, penalty: Duration) -> Self {
-        self.with(|o| o.with_default_penalty(penalty))
-    }
-
-    /// Whether a response whose `RateLimit` field or `X-RateLimit-*`
-    /// headers say the budget is spent holds its host until the reset, and
-    /// one saying little is left spreads the rest up to it (on by default;
-    /// see [`rate_limit_hold`](redislimit::http::rate_limit_hold)).
-    pub fn with_rate_limit_headers(self, read: bool) -> Self {
-        self.with(|o| o.with_rate_limit_headers(read))
-    }
-
-    /// The adaptive backoff for a `429`/`503` without a stated delay, any
-    /// other `5xx`, and an inner service error that is a timeout (tower's
-    /// own or an I/O one) or a refused, reset or cut connection (see
-    /// [`Backoff`](redislimit::http::Backoff) and
-    /// [`is_transport_failure`](redislimit::http::is_transport_failure));
-    /// `None` switches it off. On by default.
-    pub fn with_backoff(self, backoff: Option<redislimit::http::Backoff>) -> Self {
-        self.with(|o| o.with_backoff(backoff))
+    /// The per-request choices in force (see
+    /// [`with_options`](Self::with_options)).
+    pub fn options(&self) -> &PaceOptions {
+        &self.settings.options
     }
 }
 

@@ -120,6 +120,7 @@ impl<P: Limiter> FallbackLimiter<P> {
     }
 
     /// Serves each host as `plan` says while the primary is unavailable.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn with_outage_plan(mut self, plan: Arc<dyn OutagePlan>) -> Self {
         self.outage = Some(plan);
         self

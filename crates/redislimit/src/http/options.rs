@@ -13,16 +13,43 @@ use super::retry_after::{penalty_from, retry_after};
 use super::{Engine, MaxWait};
 use crate::{HostKey, Limiter};
 
-/// The per-request choices of a pacing middleware: which engine label a
-/// request waits under, how long it may wait, and what a `429`/`503`
-/// without a usable `Retry-After` costs its host.
+/// The per-request choices of a pacing middleware (both
+/// `PacingMiddleware::with_options` and `PaceLayer::with_options` take
+/// one): which engine label a request waits under, how long it may wait,
+/// what a `429`/`503` without a usable `Retry-After` costs its host,
+/// whether rate limit headers are honored, and the adaptive backoff.
+///
+/// ```
+/// use std::time::Duration;
+/// use redislimit::http::{PaceOptions, RateLimitHeaders};
+///
+/// let options = PaceOptions::default()
+///     .with_engine("crawler")
+///     .with_max_wait(Duration::from_secs(30))
+///     .with_default_penalty(Duration::from_secs(5))
+///     .with_rate_limit_headers(RateLimitHeaders::Ignore);
+/// # drop(options);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaceOptions {
     engine: Engine,
     max_wait: Option<Duration>,
     default_penalty: Option<Duration>,
-    rate_limit_headers: bool,
+    rate_limit_headers: RateLimitHeaders,
     backoff: Option<Backoff>,
+}
+
+/// Whether a response's `RateLimit` field and vendor `X-RateLimit-*`
+/// headers pace its host (see [`rate_limit_hold`](super::rate_limit_hold)).
+/// `Retry-After` is read either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum RateLimitHeaders {
+    /// A spent budget holds the host until its reset, and a low one
+    /// spreads the rest of it up to the reset. The default.
+    #[default]
+    Honor,
+    /// The headers are not read.
+    Ignore,
 }
 
 impl Default for PaceOptions {
@@ -33,7 +60,7 @@ impl Default for PaceOptions {
             engine: Engine::new("default"),
             max_wait: None,
             default_penalty: None,
-            rate_limit_headers: true,
+            rate_limit_headers: RateLimitHeaders::Honor,
             backoff: Some(Backoff::default()),
         }
     }
@@ -90,11 +117,9 @@ impl PaceOptions {
     }
 
     /// Whether the `RateLimit` field and vendor `X-RateLimit-*` headers
-    /// hold a host whose budget they say is spent (on by default; see
-    /// [`rate_limit_hold`](super::rate_limit_hold)). `Retry-After` is read
-    /// either way.
-    pub fn with_rate_limit_headers(mut self, read: bool) -> Self {
-        self.rate_limit_headers = read;
+    /// pace a host (honored by default). `Retry-After` is read either way.
+    pub fn with_rate_limit_headers(mut self, headers: RateLimitHeaders) -> Self {
+        self.rate_limit_headers = headers;
         self
     }
 
@@ -229,7 +254,7 @@ impl PaceOptions {
         {
             return Some(ServerSignal::RetryAfter(delay));
         }
-        if !self.rate_limit_headers {
+        if self.rate_limit_headers == RateLimitHeaders::Ignore {
             return None;
         }
         match rate_limit_budget(headers, now)? {
@@ -246,7 +271,7 @@ impl PaceOptions {
             status,
             headers,
             self.default_penalty,
-            self.rate_limit_headers,
+            self.rate_limit_headers == RateLimitHeaders::Honor,
         )
     }
 }
@@ -497,7 +522,7 @@ mod tests {
             }))
         );
         // Switched off: a 200 asks nothing (but the narrowing).
-        let off = options.with_rate_limit_headers(false);
+        let off = options.with_rate_limit_headers(RateLimitHeaders::Ignore);
         assert_eq!(
             off.react(&host, StatusCode::OK, &headers),
             Some(Reaction(Kind::Narrow { floor: None }))
