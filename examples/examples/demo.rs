@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
-use examples::crawl::{Args, Crawler, Fetched, summarize};
 use examples::timeline::{Bar, svg};
 use redislimit::{DomainLimiter, Limiter};
+use redislimit_crawl::{Args, Crawler, Fetched, summarize};
 use url::Url;
 
 /// Three crawler replicas, one pace per host.

@@ -6,8 +6,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod crawl;
-pub mod fuzzing;
 pub mod timeline;
 
 use std::collections::HashMap;

@@ -1,8 +1,8 @@
 //! Fuzz target `url_lines`: the lines of the crawl's `--urls` file.
 //!
-//! The body, with the invariants it checks, is
-//! `examples::fuzzing::url_lines`, which the `fuzz_seeds` test also runs over
-//! `fuzz/seeds/url_lines/`.
+//! The body, with the invariants it checks, is `redislimit_fuzz::url_lines`
+//! (`fuzz/src/lib.rs`), which the `fuzz_seeds` test of `redislimit-crawl` also
+//! runs over `fuzz/seeds/url_lines/`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| examples::fuzzing::url_lines(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| redislimit_fuzz::url_lines(data));

@@ -89,6 +89,22 @@ fn criterion_mean(root: &Path, bench: &str) -> Result<f64, Failure> {
         .ok_or_else(|| Failure::new("bench", format!("no mean in {}", path.display())))
 }
 
+/// Builds the `crawl` binary (release) into `target/release/`, where the fleet
+/// figure and the soak look for it beside their own binaries.
+pub(crate) fn build_crawl() -> Result<(), Failure> {
+    step(
+        "build crawl",
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "redislimit-crawl",
+            "--bin",
+            "crawl",
+        ]),
+    )
+}
+
 pub(crate) fn run() -> Result<(), Failure> {
     let root = project_root();
     header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
@@ -98,6 +114,7 @@ pub(crate) fn run() -> Result<(), Failure> {
         cargo().args(["bench", "-p", "redislimit", "--bench", "overhead"]),
     )?;
     let system = root.join("target/bench/system.json");
+    build_crawl()?;
     step(
         "bench",
         cargo()

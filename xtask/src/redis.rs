@@ -1,6 +1,6 @@
 //! Makes sure the programs the integration tests spawn are installed (apt-get as root):
-//! the Redis servers, nginx (the judge of the crawl's politeness, `tests/crawl/nginx.rs`)
-//! and faketime (a crawl replica with a skewed clock, `tests/crawl/skew.rs`).
+//! the Redis servers, nginx (the judge of the crawl's politeness, `crates/redislimit-crawl/tests/crawl/nginx.rs`)
+//! and faketime (a crawl replica with a skewed clock, `crates/redislimit-crawl/tests/crawl/skew.rs`).
 
 use std::{
     env,
@@ -63,7 +63,7 @@ const PROGRAMS: [Program; 5] = [
 
 /// Where a program marked `sbin` is looked for after `PATH`: Debian installs `nginx` in
 /// `/usr/sbin`, which is not on a non-root user's `PATH`; a build from source installs it
-/// in `/usr/local/nginx/sbin`. `tests/crawl/nginx.rs` looks in the same places.
+/// in `/usr/local/nginx/sbin`. `crates/redislimit-crawl/tests/crawl/nginx.rs` looks in the same places.
 const SBIN_DIRS: [&str; 4] = [
     "/usr/sbin",
     "/usr/local/sbin",

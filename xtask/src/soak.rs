@@ -17,10 +17,9 @@ pub(crate) fn run(minutes: u64) -> Result<(), Failure> {
             "redislimit-tests",
             "--bin",
             "soak",
-            "--bin",
-            "crawl",
         ]),
     )?;
+    crate::bench::build_crawl()?;
     let binary = crate::project_root().join("target/release/soak");
     step(
         "soak",

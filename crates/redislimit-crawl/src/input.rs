@@ -38,7 +38,9 @@ fn check_line(text: &str) -> Result<(Url, Option<u8>), String> {
     Ok((url, priority))
 }
 
-pub(crate) fn check(text: &str) -> Result<Url, String> {
+/// `text` as a URL the crawl can fetch: it parses, is http(s), and has a
+/// host key; otherwise why not.
+pub fn check(text: &str) -> Result<Url, String> {
     let url = Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("{text:?} is not an http(s) URL"));
@@ -81,7 +83,7 @@ pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> 
 /// `name` in the `skipped` lines. Blank lines and `#` comments are ignored;
 /// a line that is not UTF-8 or not a URL (and optional priority) is
 /// skipped with its line number.
-pub(crate) fn read_lines(
+pub fn read_lines(
     mut reader: impl BufRead,
     name: &dyn std::fmt::Display,
     input: &mut Input,

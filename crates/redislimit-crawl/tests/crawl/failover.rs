@@ -53,8 +53,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use examples::crawl::{Args, Crawler, Fetched};
 use redislimit::{FallbackPolicy, Limiter, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit_crawl::{Args, Crawler, Fetched};
 use redislimit_tests::keys::HostKeys;
 use redislimit_tests::record::{Request, max_in_flight, max_in_window};
 use redislimit_tests::{RedisCluster, RedisSentinel, RedisServer, Upstream};

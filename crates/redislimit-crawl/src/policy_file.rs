@@ -36,8 +36,6 @@ use anyhow::{Context, bail};
 use redislimit::{Pacing, Policies, Rule};
 use serde::Deserialize;
 
-use super::args::parse_duration;
-
 /// The file as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -126,7 +124,7 @@ pub fn load(path: &Path, flags: &Settings) -> anyhow::Result<(Settings, Policies
 }
 
 /// [`load`] from the file's text.
-pub(crate) fn parse(text: &str, flags: &Settings) -> anyhow::Result<(Settings, Policies)> {
+pub fn parse(text: &str, flags: &Settings) -> anyhow::Result<(Settings, Policies)> {
     let file: File = toml::from_str(text)?;
     let default = match &file.default {
         Some(table) => {
@@ -164,6 +162,12 @@ pub(crate) fn parse(text: &str, flags: &Settings) -> anyhow::Result<(Settings, P
             .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     }
     Ok((default, policies))
+}
+
+/// Parses `250ms`, `2s`, `1m30s`, ...
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 250ms or 2s: {e}"))
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
-//! The bodies of the fuzz targets in `fuzz/` (`cargo xtask fuzz`), as plain
-//! functions: the fuzz targets call them on what libFuzzer generates, and
-//! the `fuzz_seeds` test calls them on every file of `fuzz/seeds/<target>/`,
-//! so what the fuzzer once found stays a regression test.
+//! The bodies of the fuzz targets in `fuzz/fuzz_targets/` (`cargo xtask fuzz`), as
+//! plain functions calling the parsers of `redislimit` (and of the crawl's input)
+//! directly: the fuzz targets call them on what libFuzzer generates, and the
+//! `fuzz_seeds` test of `redislimit-crawl` (which compiles this file as a module)
+//! calls them on every file of `fuzz/seeds/<target>/`, so what the fuzzer once
+//! found stays a regression test on stable Rust.
 //!
 //! Each function takes arbitrary bytes, feeds them to a parser and panics
 //! when the parser panics or an invariant of its result does not hold
@@ -17,7 +19,9 @@ use redislimit::http::{Budget, penalty, rate_limit_budget, rate_limit_hold, retr
 use redislimit::{Error, HostKey, KeyBy, Pacing, Policies, Rule};
 use url::Url;
 
-use crate::crawl::{Input, Settings, check_url, parse_policy_file, read_lines};
+use redislimit_crawl::input::{check as check_url, read_lines};
+use redislimit_crawl::policy_file::parse as parse_policy_file;
+use redislimit_crawl::{Input, Settings};
 
 /// A fuzz target: its name (the file `fuzz/fuzz_targets/<name>.rs` and the
 /// directory `fuzz/seeds/<name>/`) and its body.
@@ -441,7 +445,7 @@ pub fn url_lines(data: &[u8]) {
 /// flags gets them.
 fn flags() -> Settings {
     use clap::Parser;
-    crate::crawl::Args::try_parse_from(["crawl"])
+    redislimit_crawl::Args::try_parse_from(["crawl"])
         .expect("the crawl parses without arguments")
         .settings()
 }

@@ -1,12 +1,11 @@
-//! One replica of a polite crawler, built on the reqwest middleware.
+//! `crawl`: one replica of a polite crawler, built on the reqwest middleware.
 //!
-//! Run it with `cargo run --release -p examples --example crawl -- --help`.
+//! Run it with `cargo install --path crates/redislimit-crawl` and `crawl --help`.
 //! Alone it paces in-process; give every replica the same `--redis URL`
 //! (or `--redis-cluster URL ...`) and they share one pace per host:
 //!
 //! ```text
-//! cargo run --release -p examples --example crawl -- \
-//!     --redis redis://127.0.0.1:6379/ --min-delay 500ms --urls urls.txt --report report.jsonl
+//! crawl --redis redis://127.0.0.1:6379/ --min-delay 500ms --urls urls.txt --report report.jsonl
 //! ```
 //!
 //! For Redis over TLS give a `rediss://` URL; add `--redis-ca ca.pem` when
@@ -18,5 +17,5 @@
 //! its status or error, when it was sent and when its body was read.
 
 fn main() -> std::process::ExitCode {
-    examples::crawl::main()
+    redislimit_crawl::main()
 }

@@ -1,16 +1,20 @@
-//! `crawl`: one replica of a polite crawler, built on the reqwest middleware.
+//! `crawl`: one replica of a polite crawler, built on the reqwest middleware
+//! of [`redislimit`]. Install it with
+//! `cargo install --path crates/redislimit-crawl` and run `crawl --help`.
 //!
-//! The command line is [`Args`]; [`main`] is what `cargo run -p examples
-//! --example crawl -- ...` runs. The pieces are public so the demonstration
-//! can run several replicas in one process: [`Crawler`] fetches a list of
-//! URLs through a shared [`Limiter`](redislimit::Limiter) and returns one
+//! The command line is [`Args`]; [`main`] is what the `crawl` binary runs.
+//! The pieces are public so a program can run several replicas in one
+//! process (the demonstration does): [`Crawler`] fetches a list of URLs
+//! through a shared [`Limiter`](redislimit::Limiter) and returns one
 //! [`Fetched`] per URL.
+#![forbid(unsafe_code)]
 
 mod args;
 mod crawler;
-mod input;
-mod policy_file;
+pub mod input;
+pub mod policy_file;
 mod robots;
+mod run;
 mod stop;
 mod summary;
 
@@ -18,15 +22,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use self::args::{Args, Fallback, KeyByArg, Pacer, parse_duration};
+pub use self::args::{Args, Fallback, KeyByArg};
 pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::input::{Input, read_urls};
-pub use self::policy_file::{Settings, load as load_policy_file};
+pub use self::policy_file::{Settings, load as load_policy_file, parse_duration};
+pub use self::run::Pacer;
 pub use self::stop::{Stop, StopLevel};
-
-// For the fuzz targets (`crate::fuzzing`).
-pub(crate) use self::input::{check as check_url, read_lines};
-pub(crate) use self::policy_file::parse as parse_policy_file;
 pub use self::summary::{HostSummary, summarize};
 
 /// Runs the command line: parses the arguments, crawls, prints the summary.

@@ -1,18 +1,12 @@
 //! The `crawl` command line.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use clap::Parser;
-use redislimit::{
-    DomainLimiter, FallbackLimiter, FallbackPolicy, Hooks, HostKey, KeyBy, Limiter, MetricsHooks,
-    Pacing, Policies, RedisLimiter, RedisPool, RedisTimeouts, RedisTls, Tuning,
-};
+use redislimit::{FallbackPolicy, HostKey, KeyBy, Pacing, Policies, RedisTls};
 
-use super::policy_file::{Settings, load as load_policy_file};
-use super::{Crawler, Fetched, ModeProbe, Stop, read_urls, summarize};
+use super::policy_file::{Settings, load as load_policy_file, parse_duration};
 
 /// One replica of a polite crawler: fetches URLs, paced per host, alone or
 /// sharing one pace per host with other replicas through Redis.
@@ -234,12 +228,6 @@ impl From<Fallback> for FallbackPolicy {
     }
 }
 
-/// Parses `250ms`, `2s`, `1m30s`, ...
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration like 250ms or 2s: {e}"))
-}
-
 /// A duration above zero.
 fn parse_period(text: &str) -> Result<Duration, String> {
     match parse_duration(text)? {
@@ -331,211 +319,13 @@ impl Args {
         Ok((default, policies.with_key_by(self.key_by.into())))
     }
 
-    /// The limiter: in-process, or Redis-backed with an in-process fallback
-    /// after checking that Redis answers.
-    pub async fn limiter(&self) -> anyhow::Result<Arc<dyn Limiter>> {
-        Ok(self.pacer().await?.limiter)
-    }
-
-    /// The limiter, and a probe naming the pacing mode for progress lines.
-    pub async fn pacer(&self) -> anyhow::Result<Pacer> {
-        let (default, policies) = self.policies()?;
-        let hooks: Arc<dyn Hooks> = match self.metrics_addr {
-            Some(_) => Arc::new(MetricsHooks::new()),
-            None => Arc::new(redislimit::hooks::NoHooks),
-        };
-        let tls = self.redis_tls()?;
-        let timeouts = RedisTimeouts::default();
-        let pool = match (&self.redis, self.redis_cluster.as_slice(), &tls) {
-            (None, [], _) => {
-                return Ok(Pacer {
-                    limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
-                    mode: Arc::new(|| "in-process"),
-                });
-            }
-            (Some(url), _, None) => RedisPool::standalone(url, timeouts)?,
-            (Some(url), _, Some(tls)) => RedisPool::standalone_tls(url, tls, timeouts)?,
-            (None, nodes, tls) => {
-                let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-                match tls {
-                    None => RedisPool::cluster(&nodes, timeouts)?,
-                    Some(tls) => RedisPool::cluster_tls(&nodes, tls, timeouts)?,
-                }
-            }
-        };
-        let limiter = RedisLimiter::builder(pool, self.scope.clone())
-            .policies(policies)
-            .hooks(hooks)
-            .cluster_concurrency(default.cluster_concurrency)
-            .lease_ttl(self.lease_ttl)
-            .tuning(
-                Tuning::default()
-                    .with_slot_margin(self.slot_margin)
-                    .with_max_lateness(self.max_lateness)
-                    .with_book_ahead(self.book_ahead),
-            )
-            .fallback_policy(self.fallback.into())
-            .build()?;
-        limiter.ping().await.context("Redis is unreachable")?;
-        // Refuse to start beside replicas that pace this scope otherwise.
-        limiter.check_config().await?;
-        let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
-        let probe = Arc::clone(&limiter);
-        Ok(Pacer {
-            limiter,
-            mode: Arc::new(move || {
-                if probe.is_degraded() {
-                    "in-process (Redis unavailable)"
-                } else {
-                    "shared through Redis"
-                }
-            }),
-        })
-    }
-
     /// The CA that `--redis-ca` names, if any.
-    fn redis_tls(&self) -> anyhow::Result<Option<RedisTls>> {
+    pub(crate) fn redis_tls(&self) -> anyhow::Result<Option<RedisTls>> {
         let Some(path) = &self.redis_ca else {
             return Ok(None);
         };
         Ok(Some(RedisTls::ca_file(path)?))
     }
-
-    /// Crawls as these arguments say. Returns the signal that stopped the
-    /// crawl, if one did.
-    pub async fn run(self) -> anyhow::Result<Option<i32>> {
-        let input = read_urls(&self.urls, self.urls_file.as_deref())?;
-        for problem in &input.skipped {
-            tracing::warn!("skipped {problem}");
-        }
-        if input.urls.is_empty() {
-            bail!("no URLs to fetch");
-        }
-        let total = input.urls.len();
-        if let Some(addr) = self.metrics_addr {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .install()
-                .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        }
-        let pacer = self.pacer().await?;
-        let mut crawler = Crawler::new(Arc::clone(&pacer.limiter), &self)?
-            .with_mode(Arc::clone(&pacer.mode))
-            .with_priorities(input.priorities);
-        if let Some(path) = &self.report {
-            crawler = crawler.with_report(path)?;
-        }
-        let signalled = Arc::new(std::sync::OnceLock::new());
-        let listener = tokio::spawn(on_signals(
-            crawler.stop_handle(),
-            self.grace,
-            Arc::clone(&signalled),
-        ));
-        let started = std::time::Instant::now();
-        let fetched = crawler.run(input.urls, true).await?;
-        let elapsed = started.elapsed();
-        // Every permit is back; the releases still on their way land now,
-        // so the next replica does not wait out their leases.
-        let close_by = tokio::time::Instant::now() + CLOSE_WITHIN;
-        if let Err(err) = pacer.limiter.close(Some(close_by)).await {
-            tracing::warn!("{}", redislimit::error::Causes(&err));
-        }
-        let signal = signalled.get().copied();
-        if signal.is_none() {
-            listener.abort();
-        }
-        crawler.check_report()?;
-        if let Err(err) = print_summary(&mut std::io::stdout().lock(), &fetched, total, elapsed)
-            && err.kind() != std::io::ErrorKind::BrokenPipe
-        {
-            return Err(err).context("cannot print the summary");
-        }
-        Ok(signal)
-    }
-}
-
-/// How long the releases of a finished crawl may take to land.
-const CLOSE_WITHIN: Duration = Duration::from_secs(5);
-
-/// What [`Args::pacer`] built.
-#[derive(Clone)]
-pub struct Pacer {
-    /// The limiter every request goes through.
-    pub limiter: Arc<dyn Limiter>,
-    /// Names the pacing mode now.
-    pub mode: ModeProbe,
-}
-
-impl std::fmt::Debug for Pacer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pacer")
-            .field("limiter", &self.limiter)
-            .field("mode", &(self.mode)())
-            .finish()
-    }
-}
-
-/// On the first SIGINT/SIGTERM: stop starting requests, give those in
-/// flight `grace`; on the second, or when the grace is over: end them.
-async fn on_signals(stop: Stop, grace: Duration, first: Arc<std::sync::OnceLock<i32>>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        tracing::warn!("cannot listen for SIGINT/SIGTERM: a signal ends the crawl at once");
-        return;
-    };
-    let (number, name) = tokio::select! {
-        _ = int.recv() => (2, "SIGINT"),
-        _ = term.recv() => (15, "SIGTERM"),
-    };
-    let _ = first.set(number);
-    tracing::warn!(
-        "{name}: no new request starts; those in flight have {} to finish (a second signal ends them now)",
-        humantime::format_duration(grace)
-    );
-    stop.graceful();
-    tokio::select! {
-        () = tokio::time::sleep(grace) => tracing::warn!("the grace is over: ending the requests in flight"),
-        _ = int.recv() => tracing::warn!("second signal: ending the requests in flight"),
-        _ = term.recv() => tracing::warn!("second signal: ending the requests in flight"),
-    }
-    stop.abort();
-}
-
-/// Writes the per-host summary: requests made, errors, waits, the rate of
-/// those sent, statuses; and how many URLs were not tried.
-fn print_summary(
-    out: &mut impl std::io::Write,
-    fetched: &[Fetched],
-    total: usize,
-    elapsed: Duration,
-) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "{:<28} {:>8} {:>10} {:>12} {:>10}  statuses",
-        "host", "requests", "errors", "mean wait", "rate"
-    )?;
-    for host in summarize(fetched) {
-        writeln!(out, "{host}")?;
-    }
-    let sent = fetched.iter().filter(|f| f.sent).count();
-    write!(
-        out,
-        "{} requests sent, {} URLs ended, in {:.1}s",
-        sent,
-        fetched.len(),
-        elapsed.as_secs_f64()
-    )?;
-    let skipped = fetched.iter().filter(|f| f.skipped.is_some()).count();
-    if skipped > 0 {
-        write!(out, "; {skipped} skipped (robots.txt)")?;
-    }
-    if fetched.len() < total {
-        write!(out, "; {} not started (stopped)", total - fetched.len())?;
-    }
-    writeln!(out)
 }
 
 #[cfg(test)]

@@ -1,0 +1,284 @@
+//! One URL's attempts: asking for its host's turn (with or without a slot),
+//! sending it through the pacing client, and the report line it becomes; and
+//! the robots.txt each host is asked for first.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::Extensions;
+use redislimit_reqwest::Redirects;
+use url::Url;
+
+use super::slots::{Admitted, Ask, CrawlDelay, SentAt, SlotGate, Slots};
+use super::*;
+
+impl Crawler {
+    /// The robots.txt rules of `first`'s host, fetched through the pacing
+    /// client (a request to the host like any other); asked again after
+    /// `retry` when there is no answer or a 5xx, up to
+    /// [`ROBOTS_ATTEMPTS`] times. `None` when the crawl was stopped.
+    pub(super) async fn robots_rules(
+        &self,
+        robots: &RobotsOptions,
+        first: &Url,
+        slots: &Arc<Slots>,
+        stop: &mut watch::Receiver<StopLevel>,
+    ) -> Option<Rules> {
+        let url = robots_url(first);
+        let mut why = String::new();
+        for attempt in 0..ROBOTS_ATTEMPTS {
+            if attempt > 0 && !sleep_or_stop(Instant::now() + robots.retry, stop).await {
+                return None;
+            }
+            let answer = tokio::select! {
+                answer = self.get_small(&url, slots) => answer,
+                () = stopped(stop, StopLevel::Graceful) => return None,
+            };
+            let answer = match &answer {
+                Ok((status, body)) => Ok((*status, body.as_slice())),
+                Err(err) => Err(err.as_str()),
+            };
+            if let Some(rules) = Rules::from_answer(&robots.agent, answer) {
+                return Some(rules);
+            }
+            why = match answer {
+                Ok((status, _)) => format!("status {status}"),
+                Err(err) => err.to_owned(),
+            };
+            tracing::warn!(url = %redact(&url), attempt = attempt + 1, "robots.txt unavailable: {why}");
+        }
+        Some(Rules::Unavailable(why))
+    }
+
+    /// GETs `url` (taking a slot to send, as every request), and reads at
+    /// most [`ROBOTS_MAX_BYTES`] of its body.
+    pub(super) async fn get_small(
+        &self,
+        url: &Url,
+        slots: &Arc<Slots>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let mut slot = None;
+        loop {
+            let mut asking = None;
+            if slot.is_none() {
+                match slots.ask().await {
+                    Some(Ask::Free(free)) => asking = Some(free),
+                    Some(Ask::Holding(held)) => slot = Some(held),
+                    None => return Err("the crawl's slots are closed".to_owned()),
+                }
+            }
+            let gate = SlotGate::new(&slots.free, slot.take());
+            let mut extensions = Extensions::new();
+            extensions.insert(gate.clone());
+            let request = self
+                .client
+                .get(url.clone())
+                .build()
+                .map_err(|e| error_chain(&e))?;
+            let result = self
+                .client
+                .execute_with_extensions(request, &mut extensions)
+                .await;
+            drop(asking);
+            let response = match result {
+                Ok(response) => response,
+                Err(err) if NotSent::is(&err) => {
+                    slot = Arc::clone(&slots.free).acquire_owned().await.ok();
+                    continue;
+                }
+                Err(err) => return Err(error_chain(&err)),
+            };
+            let status = response.status().as_u16();
+            let mut body = Vec::new();
+            let mut response = response;
+            while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
+                body.extend_from_slice(&chunk);
+                if body.len() >= ROBOTS_MAX_BYTES {
+                    body.truncate(ROBOTS_MAX_BYTES);
+                    break;
+                }
+            }
+            gate.free();
+            return Ok((status, body));
+        }
+    }
+
+    /// One try at `url`: waits for its host's turn (at most what
+    /// `--max-wait` leaves, counted from `queued`; at most [`SLOT_WAIT`]
+    /// when `probe`, as it holds a slot), then sends and reads the body,
+    /// unless the crawl is aborted.
+    pub(super) async fn attempt(
+        self,
+        url: Url,
+        queued: Instant,
+        gate: SlotGate,
+        probe: bool,
+        crawl_delay: Option<CrawlDelay>,
+        admitted: oneshot::Sender<()>,
+    ) -> Attempt {
+        let left = self.max_wait.map(|m| m.saturating_sub(queued.elapsed()));
+        let budget = match (probe, left) {
+            (true, Some(left)) => Some(SLOT_WAIT.min(left)),
+            (true, None) => Some(SLOT_WAIT),
+            (false, left) => left,
+        };
+        let mut extensions = Extensions::new();
+        if let Some(budget) = budget {
+            extensions.insert(MaxWait(budget));
+        }
+        extensions.insert(gate.clone());
+        extensions.insert(Admitted(Arc::new(Mutex::new(Some(admitted)))));
+        if let Some(delay) = crawl_delay {
+            extensions.insert(delay);
+        }
+        let mut stop = self.stop.watch();
+        let attempt = tokio::select! {
+            attempt = self.fetch(url.clone(), queued, left, &mut extensions) => attempt,
+            () = stopped(&mut stop, StopLevel::Abort) => {
+                let sent = extensions.get::<SentAt>().copied();
+                let error = Some("aborted: the crawl was stopped".to_owned());
+                Attempt::Done(Box::new(self.fetched(&url, queued, sent, None, error)))
+            }
+        };
+        gate.free();
+        attempt
+    }
+
+    /// Sends `url` and reads its body. `left` is what `--max-wait` leaves.
+    pub(super) async fn fetch(
+        &self,
+        url: Url,
+        queued: Instant,
+        left: Option<Duration>,
+        extensions: &mut Extensions,
+    ) -> Attempt {
+        if let Some(&priority) = self.priorities.get(&url) {
+            extensions.insert(RequestPacing::new().with_priority(priority));
+        }
+        let result = match self.client.get(url.clone()).build() {
+            Ok(request) => {
+                self.client
+                    .execute_with_extensions(request, extensions)
+                    .await
+            }
+            Err(err) => Err(reqwest_middleware::Error::Reqwest(err)),
+        };
+        let sent = extensions.get::<SentAt>().copied();
+        let response = match result {
+            Ok(response) => response,
+            Err(err) if sent.is_none() && NotSent::is(&err) => return Attempt::NoSlot,
+            Err(err) => {
+                let error = match pacing_error(&err) {
+                    // A wait longer than the slot's budget but within
+                    // `--max-wait`: come back when the host is due.
+                    Some(Error::WaitBudget { wait, .. })
+                        if sent.is_none() && left.is_none_or(|left| *wait < left) =>
+                    {
+                        return Attempt::NotYet(*wait);
+                    }
+                    Some(pacing) => format!("not sent: {}", error_chain(pacing)),
+                    None => error_chain(&err),
+                };
+                let mut fetched = self.fetched(&url, queued, sent, None, Some(error));
+                fetched.redirects = redirects(extensions);
+                return Attempt::Done(Box::new(fetched));
+            }
+        };
+        let status = response.status();
+        // Only a redirect moves it (reqwest drops credentials from the URL
+        // it reports, which is no move).
+        let final_url = extensions
+            .get::<Redirects>()
+            .is_some()
+            .then(|| redact(response.url()));
+        let retry_after = retry_after(response.headers(), SystemTime::now());
+        // What the middleware applied for it.
+        let signal = response.extensions().get::<ServerSignal>().copied();
+        let error = response
+            .bytes()
+            .await
+            .err()
+            .map(|e| format!("reading the body: {}", error_chain(&e)));
+        let mut fetched = self.fetched(&url, queued, sent, Some(status.as_u16()), error);
+        fetched.retry_after_ms = retry_after.map(millis);
+        fetched.hold_ms = signal.map(|s| millis(s.hold().min(self.max_penalty)));
+        fetched.asked = signal.map(|s| s.cause().to_owned());
+        fetched.redirects = redirects(extensions);
+        fetched.final_url = final_url;
+        Attempt::Done(Box::new(fetched))
+    }
+
+    pub(super) fn priority(&self, url: &Url) -> u8 {
+        self.priorities
+            .get(url)
+            .copied()
+            .unwrap_or(RequestPacing::DEFAULT_PRIORITY)
+    }
+
+    pub(super) fn fetched(
+        &self,
+        url: &Url,
+        queued: Instant,
+        sent: Option<SentAt>,
+        status: Option<u16>,
+        error: Option<String>,
+    ) -> Fetched {
+        let end = SystemTime::now();
+        let (start, waited) = match sent {
+            Some(SentAt(at, instant)) => (at, instant.saturating_duration_since(queued)),
+            None => (end, queued.elapsed()),
+        };
+        Fetched {
+            url: redact(url),
+            host: HostKey::from_url(url)
+                .map(|h| self.key_by.key(&h).to_string())
+                .unwrap_or_default(),
+            status,
+            error,
+            sent: sent.is_some(),
+            start_ms: epoch_ms(start),
+            end_ms: epoch_ms(end),
+            waited_ms: millis(waited),
+            retry_after_ms: None,
+            hold_ms: None,
+            asked: None,
+            redirects: Vec::new(),
+            final_url: None,
+            skipped: None,
+        }
+    }
+
+    /// An error when any report line could not be written: a crawl whose
+    /// report is incomplete must not look like a success.
+    pub fn check_report(&self) -> anyhow::Result<()> {
+        if self.report_failed.load(Ordering::Relaxed) {
+            anyhow::bail!("the report is incomplete: some lines could not be written");
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish(&self, fetched: Fetched, bar: &ProgressBar) -> Fetched {
+        if let Some(report) = &self.report
+            && let Ok(line) = serde_json::to_string(&fetched)
+        {
+            let mut report = report
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(err) = writeln!(report, "{line}") {
+                tracing::error!("cannot write the report: {err}");
+                self.report_failed.store(true, Ordering::Relaxed);
+            }
+        }
+        bar.set_message(fetched.host.clone());
+        bar.inc(1);
+        fetched
+    }
+}
+
+/// The URLs redirected from, as the middleware reported them.
+fn redirects(extensions: &Extensions) -> Vec<String> {
+    extensions
+        .get::<Redirects>()
+        .map(|r| r.0.iter().map(redact).collect())
+        .unwrap_or_default()
+}
