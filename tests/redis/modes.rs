@@ -134,8 +134,18 @@ async fn a_large_quota_holds_in_every_window_in_bounded_state() {
         "{most} sends inside one {window:?} window, quota is 40"
     );
     assert_eq!(server.command(&["TYPE", &keys.admits]).trim(), "+hash");
+    // 32 buckets span the window; admissions booked ahead into a replica's
+    // room for lateness (wider on a loaded machine) add a few beyond it.
+    // Kept per admission, the 480 would take 480 members (tens of kB).
+    let fields: usize = server
+        .command(&["HLEN", &keys.admits])
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .expect("HLEN answers an integer");
+    assert!(fields <= 64, "the quota state has {fields} buckets");
     let bytes = server.memory_usage(&keys.admits);
-    assert!(bytes <= 1024, "the quota state takes {bytes} bytes");
+    assert!(bytes <= 2048, "the quota state takes {bytes} bytes");
 }
 
 /// An admission taken back (never sent) gives its unit of a bucketed quota

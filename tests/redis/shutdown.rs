@@ -8,7 +8,7 @@ use redislimit::{Error, Limiter, Op, RedisLimiter};
 use redislimit_tests::RedisServer;
 use tokio::time::Instant;
 
-use crate::{MS, bounded, host, limiter, on_own_runtime, standalone};
+use crate::{MS, bounded, host, limiter, standalone};
 
 /// A limiter whose leftover booking would be seen: a 10 s lease, so a
 /// release that never landed holds the host far longer than the check
@@ -28,19 +28,68 @@ fn make(server: &RedisServer, cap: u32, scope: &str) -> RedisLimiter {
 }
 
 /// One short program on a runtime of its own: acquire, drop the permit,
-/// close (when `close`), end the runtime.
-fn short_program(l: RedisLimiter, close: bool) {
-    on_own_runtime(move || async move {
-        let permit = l.acquire_host("t", host("a.test"), None).await.unwrap();
-        drop(permit);
-        if close {
-            l.close(Some(Instant::now() + Duration::from_secs(5)))
-                .await
-                .expect("the release did not land");
-        }
+/// close (when `close`), end the runtime. Returns what it logged at WARN,
+/// the runtime's end included.
+fn short_program(l: RedisLimiter, close: bool) -> String {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    std::thread::spawn(move || {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let permit = l.acquire_host("t", host("a.test"), None).await.unwrap();
+                drop(permit);
+                if close {
+                    l.close(Some(Instant::now() + Duration::from_secs(5)))
+                        .await
+                        .expect("the release did not land");
+                }
+            });
+            // The release task, if still under way, is dropped here.
+            drop(rt);
+        });
     })
     .join()
     .unwrap();
+    logs.text()
+}
+
+/// What the limiter says when a release is dropped before it reached Redis.
+const LOST_RELEASE: &str = "a release was dropped before it reached Redis";
+
+/// A log writer into memory.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
 }
 
 /// Whether the host was left booked: another limiter cannot get it within
@@ -74,7 +123,11 @@ async fn close_lands_the_last_release_before_the_program_ends() {
     for run in 0..50 {
         let cap = if run % 2 == 0 { 0 } else { 1 };
         let scope = format!("run{run}");
-        short_program(make(&server, cap, &scope), true);
+        let logs = short_program(make(&server, cap, &scope), true);
+        assert!(
+            !logs.contains(LOST_RELEASE),
+            "run {run} after close(): {logs}"
+        );
         assert!(
             !left_booked(&server, cap, &scope).await,
             "run {run} (cluster_concurrency {cap}) left the host booked"
@@ -83,15 +136,22 @@ async fn close_lands_the_last_release_before_the_program_ends() {
 }
 
 /// The check above can fail: without `close()` the runtime takes the
-/// release with it in most runs.
+/// release with it in most runs, and the limiter says so, naming `close`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_close_the_last_release_is_lost() {
     let server = RedisServer::start();
     let mut booked = 0;
     for run in 0..10 {
         let scope = format!("run{run}");
-        short_program(make(&server, 1, &scope), false);
-        booked += usize::from(left_booked(&server, 1, &scope).await);
+        let logs = short_program(make(&server, 1, &scope), false);
+        let left = left_booked(&server, 1, &scope).await;
+        if left {
+            assert!(
+                logs.contains(LOST_RELEASE) && logs.contains("limiter.close(deadline).await"),
+                "run {run} left the host booked without a warning naming close(): {logs:?}"
+            );
+        }
+        booked += usize::from(left);
     }
     assert!(booked > 0, "no run left the host booked without close()");
 }

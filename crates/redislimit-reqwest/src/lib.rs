@@ -46,3 +46,8 @@ pub use self::middleware::{PacingMiddleware, Redirects};
 pub use redislimit;
 pub use redislimit::http::{Backoff, Engine, MaxWait, PaceOptions, RateLimitHeaders};
 pub use reqwest_middleware;
+
+/// This crate's README, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

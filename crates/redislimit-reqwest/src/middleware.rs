@@ -128,7 +128,9 @@ impl PacingMiddleware {
         &self.options
     }
 
-    /// The limiter this middleware paces through.
+    /// The limiter this middleware paces through: call its
+    /// [`close`](Limiter::close) before the program ends, so the last
+    /// releases reach Redis.
     pub fn limiter(&self) -> &Arc<dyn Limiter> {
         &self.limiter
     }

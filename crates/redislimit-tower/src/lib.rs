@@ -89,3 +89,8 @@ mod pace;
 pub use self::pace::{Pace, PaceLayer, future};
 pub use redislimit;
 pub use redislimit::http::{Backoff, Engine, MaxWait, PaceOptions, PermitBody, RateLimitHeaders};
+
+/// This crate's README, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -86,8 +86,7 @@ pub trait Hooks: Send + Sync + fmt::Debug {
     /// A host was held back for `hold` because of `cause` (what a pacing
     /// middleware applied: `retry-after`, `budget-spent`, `budget-low`,
     /// `default-penalty`, `backoff`, `recovering`; see
-    /// [`http::ServerSignal::cause`](crate::http::ServerSignal::cause)),
-    /// reported by the pacing middleware through the limiter.
+    /// `http::ServerSignal::cause`, feature `http`), reported by the pacing middleware through the limiter.
     fn on_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
         let _ = (host, cause, hold);
     }

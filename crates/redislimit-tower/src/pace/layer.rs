@@ -59,6 +59,13 @@ impl PaceLayer {
     pub fn options(&self) -> &PaceOptions {
         &self.settings.options
     }
+
+    /// The limiter this layer paces through: call its
+    /// [`close`](Limiter::close) before the program ends, so the last
+    /// releases reach Redis.
+    pub fn limiter(&self) -> &Arc<dyn Limiter> {
+        &self.settings.limiter
+    }
 }
 
 impl fmt::Debug for PaceLayer {

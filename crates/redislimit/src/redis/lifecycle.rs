@@ -19,6 +19,8 @@ pub(super) struct Lifecycle {
     /// Releases spawned and not yet answered, and a wake-up when one is.
     releases: AtomicUsize,
     released: Notify,
+    /// Set when a release was dropped unfinished (said once).
+    lost_release: AtomicBool,
 }
 
 impl Lifecycle {
@@ -99,21 +101,44 @@ impl Drop for Busy<'_> {
 }
 
 /// A release counted as on its way to Redis (which acquires listen for and
-/// `close` waits for) until it has landed or given up.
+/// `close` waits for) until it has landed or given up ([`done`](Self::done)).
 #[derive(Debug)]
-pub(super) struct Pending(Arc<Lifecycle>);
+pub(super) struct Pending {
+    lifecycle: Arc<Lifecycle>,
+    done: bool,
+}
 
 impl Pending {
     pub(super) fn new(lifecycle: &Arc<Lifecycle>) -> Self {
         lifecycle.releases.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(lifecycle))
+        Self {
+            lifecycle: Arc::clone(lifecycle),
+            done: false,
+        }
+    }
+
+    /// The release landed, or was given up after its retries.
+    pub(super) fn done(mut self) {
+        self.done = true;
     }
 }
 
 impl Drop for Pending {
-    /// Also when the task is dropped unfinished, by a runtime shutting down.
+    /// Also when the task is dropped unfinished, by a runtime shutting down:
+    /// then the release never reached Redis, and the host stays booked for
+    /// the rest of its lease on every replica. Said once per limiter, naming
+    /// what prevents it.
     fn drop(&mut self) {
-        self.0.releases.fetch_sub(1, Ordering::AcqRel);
-        self.0.released.notify_waiters();
+        let lifecycle = &self.lifecycle;
+        lifecycle.releases.fetch_sub(1, Ordering::AcqRel);
+        lifecycle.released.notify_waiters();
+        if !self.done && !lifecycle.lost_release.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                closed = lifecycle.is_closed(),
+                "a release was dropped before it reached Redis (the runtime shut down with it under way?): \
+                 its host stays booked until the lease expires, on every replica. \
+                 Call `limiter.close(deadline).await` before the runtime ends"
+            );
+        }
     }
 }

@@ -131,7 +131,7 @@ fn send_release(
     let (core, ticket) = (Arc::clone(core), ticket.clone());
     runtime.spawn(async move {
         release(&core, &ticket, abandoned).await;
-        drop(pending);
+        pending.done();
     });
 }
 
@@ -197,13 +197,13 @@ pub(super) fn hand_back(
         // must not take it for a release still on its way.
         match call_release(&core, &ticket, true).await {
             Ok(true) => {
-                drop(pending);
+                pending.done();
                 let _ = answer.send(Ok(()));
             }
             // Not held: the lease lapsed before the hand-back, and the token
             // is void from now on.
             Ok(false) => {
-                drop(pending);
+                pending.done();
                 let _ = answer.send(Err(Error::unavailable(
                     Op::Acquire,
                     "admitted too late to send, and its lease lapsed before it could be handed back",
@@ -212,7 +212,7 @@ pub(super) fn hand_back(
             Err(e) => {
                 let _ = answer.send(Err(e.into_error(Op::Acquire)));
                 release(&core, &ticket, true).await;
-                drop(pending);
+                pending.done();
             }
         }
     });
