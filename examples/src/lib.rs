@@ -99,8 +99,13 @@ pub async fn local_upstream(quiet: bool) -> SocketAddr {
     addr
 }
 
-/// The README's examples, compiled (and the in-process one run) as doctests
-/// of this package, which depends on every crate they use.
+/// The README's examples, compiled (and those that need no network run) as
+/// doctests of this package, which depends on every crate they use.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's examples, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/GUIDE.md")]
+struct GuideDoctests;

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use redislimit::{FallbackPolicy, HostKey, KeyBy, Pacing, Policies, RedisTls};
+#[cfg(feature = "tls")]
+use redislimit::RedisTls;
+use redislimit::{FallbackPolicy, HostKey, KeyBy, Pacing, Policies};
 
 use super::policy_file::{Settings, load as load_policy_file, parse_duration};
 
@@ -320,6 +322,7 @@ impl Args {
     }
 
     /// The CA that `--redis-ca` names, if any.
+    #[cfg(feature = "tls")]
     pub(crate) fn redis_tls(&self) -> anyhow::Result<Option<RedisTls>> {
         let Some(path) = &self.redis_ca else {
             return Ok(None);
@@ -420,6 +423,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "tls")]
     fn a_redis_ca_needs_redis_and_a_readable_file() {
         let err = Args::try_parse_from(["crawl", "--redis-ca", "ca.pem", "http://a.test/"])
             .unwrap_err()

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use redislimit::{
-    DomainLimiter, FallbackLimiter, Hooks, Limiter, MetricsHooks, RedisLimiter, RedisPool,
-    RedisTimeouts, Tuning,
+    DomainLimiter, FallbackLimiter, Hooks, Limiter, RedisLimiter, RedisPool, RedisTimeouts, Tuning,
 };
 
 use super::args::Args;
@@ -27,27 +26,15 @@ impl Args {
     pub async fn pacer(&self) -> anyhow::Result<Pacer> {
         let (default, policies) = self.policies()?;
         let hooks: Arc<dyn Hooks> = match self.metrics_addr {
-            Some(_) => Arc::new(MetricsHooks::new()),
-            None => Arc::new(redislimit::hooks::NoHooks),
+            #[cfg(feature = "metrics")]
+            Some(_) => Arc::new(redislimit::MetricsHooks::new()),
+            _ => Arc::new(redislimit::hooks::NoHooks),
         };
-        let tls = self.redis_tls()?;
-        let timeouts = RedisTimeouts::default();
-        let pool = match (&self.redis, self.redis_cluster.as_slice(), &tls) {
-            (None, [], _) => {
-                return Ok(Pacer {
-                    limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
-                    mode: Arc::new(|| "in-process"),
-                });
-            }
-            (Some(url), _, None) => RedisPool::standalone(url, timeouts)?,
-            (Some(url), _, Some(tls)) => RedisPool::standalone_tls(url, tls, timeouts)?,
-            (None, nodes, tls) => {
-                let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-                match tls {
-                    None => RedisPool::cluster(&nodes, timeouts)?,
-                    Some(tls) => RedisPool::cluster_tls(&nodes, tls, timeouts)?,
-                }
-            }
+        let Some(pool) = self.redis_pool()? else {
+            return Ok(Pacer {
+                limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
+                mode: Arc::new(|| "in-process"),
+            });
         };
         let limiter = RedisLimiter::builder(pool, self.scope.clone())
             .policies(policies)
@@ -79,6 +66,29 @@ impl Args {
         })
     }
 
+    /// The Redis pool the flags name, if any (`--redis-ca` for TLS with a
+    /// CA of your own, with the `tls` feature).
+    fn redis_pool(&self) -> anyhow::Result<Option<RedisPool>> {
+        let timeouts = RedisTimeouts::default();
+        let nodes: Vec<&str> = self.redis_cluster.iter().map(String::as_str).collect();
+        #[cfg(feature = "tls")]
+        if let Some(tls) = self.redis_tls()? {
+            return Ok(Some(match &self.redis {
+                Some(url) => RedisPool::standalone_tls(url, &tls, timeouts)?,
+                None => RedisPool::cluster_tls(&nodes, &tls, timeouts)?,
+            }));
+        }
+        #[cfg(not(feature = "tls"))]
+        if self.redis_ca.is_some() {
+            bail!("--redis-ca needs the crawl built with its `tls` feature");
+        }
+        Ok(match (&self.redis, nodes.is_empty()) {
+            (Some(url), _) => Some(RedisPool::standalone(url, timeouts)?),
+            (None, false) => Some(RedisPool::cluster(&nodes, timeouts)?),
+            (None, true) => None,
+        })
+    }
+
     /// Crawls as these arguments say. Returns the signal that stopped the
     /// crawl, if one did.
     pub async fn run(self) -> anyhow::Result<Option<i32>> {
@@ -91,10 +101,7 @@ impl Args {
         }
         let total = input.urls.len();
         if let Some(addr) = self.metrics_addr {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .install()
-                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            serve_metrics(addr)?;
         }
         let pacer = self.pacer().await?;
         let mut crawler = Crawler::new(Arc::clone(&pacer.limiter), &self)?
@@ -130,6 +137,29 @@ impl Args {
         }
         Ok(signal)
     }
+}
+
+/// Serves the metrics for Prometheus at `http://ADDR/metrics`, with buckets
+/// for the `_seconds` histograms so the waits add up across replicas (a
+/// summary's quantiles do not).
+#[cfg(feature = "metrics")]
+fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Prefix("redislimit_".into()),
+            &redislimit::MetricsHooks::BUCKETS,
+        )
+        .context("the metrics' buckets")?
+        .install()
+        .with_context(|| format!("cannot serve metrics on {addr}"))
+}
+
+/// Without the `metrics` feature there is nothing to serve.
+#[cfg(not(feature = "metrics"))]
+fn serve_metrics(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    bail!("--metrics-addr {addr} needs the crawl built with its `metrics` feature")
 }
 
 /// How long the releases of a finished crawl may take to land.

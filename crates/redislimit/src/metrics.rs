@@ -20,7 +20,24 @@ use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
 /// | `redislimit_repairs_total` | counter | | garbage found in Redis state and replaced |
 /// | `redislimit_leases_lost_total` | counter | | leases that lapsed before their renewal |
 /// | `redislimit_late_admissions_total` | counter | `outcome` | admissions that reached their caller later than `max_lateness`: `handed_back` (asked for again) or `sent` (within the room kept for this process's lateness) |
-/// | `redislimit_fallback_active` | gauge | | 1 while a fallback limiter paces in process, 0 otherwise |
+/// | `redislimit_fallback_active` | gauge | | 1 while a fallback limiter paces in process, 0 otherwise (0 from the start) |
+///
+/// [`new`](Self::new) describes every metric to the recorder installed at
+/// that moment (the `# HELP` lines of a Prometheus page), with its unit,
+/// and sets the gauge to 0: build the hooks after installing the exporter.
+/// The `_seconds` histograms are histograms in the facade; whether an
+/// exporter keeps them as buckets is its choice. Prometheus's keeps
+/// quantiles (a summary, which cannot be added up across replicas) unless
+/// told the buckets: give it [`BUCKETS`](Self::BUCKETS), as the crawl does:
+///
+/// ```ignore
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+///
+/// PrometheusBuilder::new()
+///     .set_buckets_for_metric(Matcher::Prefix("redislimit_".into()), &MetricsHooks::BUCKETS)?
+///     .install()?;
+/// let hooks = MetricsHooks::new();
+/// ```
 ///
 /// Hosts are not a label unless [`with_host_label`](Self::with_host_label)
 /// asks for it (`host`, the key, on the acquire and hold series): a crawl
@@ -33,13 +50,29 @@ use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
 /// let limiter = DomainLimiter::with_hooks(Pacing::default(), Arc::new(MetricsHooks::new()));
 /// # drop(limiter);
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct MetricsHooks {
     host_label: bool,
 }
 
+impl Default for MetricsHooks {
+    /// As [`new`](MetricsHooks::new).
+    fn default() -> Self {
+        describe();
+        Self { host_label: false }
+    }
+}
+
 impl MetricsHooks {
-    /// Hooks without a host label.
+    /// The bucket bounds, in seconds, for the `_seconds` histograms: from a
+    /// millisecond (an admission at once) to five minutes (a long
+    /// `Retry-After`).
+    pub const BUCKETS: [f64; 14] = [
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0,
+    ];
+
+    /// Hooks without a host label. Describes every metric to the recorder
+    /// installed now, and sets `redislimit_fallback_active` to 0.
     pub fn new() -> Self {
         Self::default()
     }
@@ -50,6 +83,59 @@ impl MetricsHooks {
         self.host_label = true;
         self
     }
+}
+
+/// Describes every metric (name, unit, what it counts) to the installed
+/// recorder, and sets the gauge to its resting value so it is present from
+/// the start.
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "redislimit_acquires_total",
+        Unit::Count,
+        "Acquires that ended, by engine and outcome (acquired, canceled, budget_exceeded, queue_full)"
+    );
+    describe_histogram!(
+        "redislimit_wait_seconds",
+        Unit::Seconds,
+        "How long each acquire waited, by engine and outcome"
+    );
+    describe_counter!(
+        "redislimit_holds_total",
+        Unit::Count,
+        "Hosts held back after a response, by cause (retry-after, budget-spent, budget-low, default-penalty, backoff, recovering)"
+    );
+    describe_histogram!(
+        "redislimit_hold_seconds",
+        Unit::Seconds,
+        "How long each hold of a host is, by cause"
+    );
+    describe_counter!(
+        "redislimit_errors_total",
+        Unit::Count,
+        "Failures of the shared backend (Redis), by operation"
+    );
+    describe_counter!(
+        "redislimit_repairs_total",
+        Unit::Count,
+        "Garbage found in Redis state and replaced"
+    );
+    describe_counter!(
+        "redislimit_leases_lost_total",
+        Unit::Count,
+        "Leases that lapsed before their renewal"
+    );
+    describe_counter!(
+        "redislimit_late_admissions_total",
+        Unit::Count,
+        "Admissions that reached their caller later than max_lateness, by outcome (handed_back, sent)"
+    );
+    describe_gauge!(
+        "redislimit_fallback_active",
+        Unit::Count,
+        "1 while a fallback limiter paces in process, 0 otherwise"
+    );
+    metrics::gauge!("redislimit_fallback_active").set(0.0);
 }
 
 impl Hooks for MetricsHooks {

@@ -65,5 +65,40 @@ async fn a_scrape_during_the_crawl_counts_admissions_and_holds() {
         "{page}"
     );
     assert!(!page.contains("host=\""), "no host label unless asked for");
+    // Histograms with buckets (they add up across replicas), every metric
+    // described, the gauge present though the fallback never ran.
+    assert!(
+        page.contains("# TYPE redislimit_wait_seconds histogram"),
+        "{page}"
+    );
+    for le in ["0.001", "0.1", "1", "300", "+Inf"] {
+        assert!(
+            page.lines()
+                .any(|line| line.starts_with("redislimit_wait_seconds_bucket{")
+                    && line.contains(&format!("le=\"{le}\""))),
+            "no bucket le={le}:\n{page}"
+        );
+    }
+    assert!(
+        page.contains("# TYPE redislimit_hold_seconds histogram"),
+        "{page}"
+    );
+    for metric in [
+        "redislimit_acquires_total",
+        "redislimit_wait_seconds",
+        "redislimit_holds_total",
+        "redislimit_hold_seconds",
+        "redislimit_fallback_active",
+    ] {
+        assert!(
+            page.contains(&format!("# HELP {metric} ")),
+            "no HELP for {metric}:\n{page}"
+        );
+    }
+    assert_eq!(
+        value(&page, "redislimit_fallback_active"),
+        Some(0.0),
+        "{page}"
+    );
     finish(vec![replica]).await;
 }
