@@ -283,8 +283,15 @@ fn parse_test_result(line: &str) -> Option<(u64, u64)> {
 /// builds only what it uses).
 fn demo(args: &[String]) -> Result<(), Failure> {
     let mut cmd = cargo();
-    cmd.args(["run", "--quiet", "-p", "examples", "--bin", "demo", "--"])
-        .args(args);
+    cmd.args(["run", "--quiet", "-p", "examples", "--bin", "demo"]);
+    // Redis is built only when the demo is asked to share through it.
+    if args
+        .iter()
+        .any(|arg| arg == "--redis" || arg.starts_with("--redis="))
+    {
+        cmd.args(["--features", "redis"]);
+    }
+    cmd.arg("--").args(args);
     let status = cmd
         .status()
         .map_err(|e| Failure::new("demo", format!("could not run {}: {e}", show(&cmd))))?;

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+#[cfg(feature = "redis")]
+use redislimit::FallbackPolicy;
 #[cfg(feature = "tls")]
 use redislimit::RedisTls;
-use redislimit::{FallbackPolicy, HostKey, KeyBy, Pacing, Policies};
+use redislimit::{HostKey, KeyBy, Pacing, Policies};
 
 use super::policy_file::{Settings, load as load_policy_file, parse_duration};
 
@@ -209,7 +211,7 @@ impl From<KeyByArg> for KeyBy {
     }
 }
 
-/// `--fallback`: [`FallbackPolicy`] on the command line.
+/// `--fallback`: `redislimit::FallbackPolicy` on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fallback {
     /// Divide each host's rate, quota and cap among the live replicas.
@@ -220,6 +222,7 @@ pub enum Fallback {
     Full,
 }
 
+#[cfg(feature = "redis")]
 impl From<Fallback> for FallbackPolicy {
     fn from(f: Fallback) -> Self {
         match f {

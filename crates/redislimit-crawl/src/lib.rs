@@ -15,6 +15,8 @@ pub mod input;
 pub mod policy_file;
 mod robots;
 mod run;
+#[cfg(feature = "redis")]
+mod shared;
 mod stop;
 mod summary;
 

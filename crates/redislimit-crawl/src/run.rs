@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use redislimit::{
-    DomainLimiter, FallbackLimiter, Hooks, Limiter, RedisLimiter, RedisPool, RedisTimeouts, Tuning,
-};
+use redislimit::{DomainLimiter, Hooks, Limiter};
 
 use super::args::Args;
 use super::crawler::{Crawler, Fetched, ModeProbe};
@@ -30,62 +28,16 @@ impl Args {
             Some(_) => Arc::new(redislimit::MetricsHooks::new()),
             _ => Arc::new(redislimit::hooks::NoHooks),
         };
-        let Some(pool) = self.redis_pool()? else {
-            return Ok(Pacer {
-                limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
-                mode: Arc::new(|| "in-process"),
-            });
-        };
-        let limiter = RedisLimiter::builder(pool, self.scope.clone())
-            .policies(policies)
-            .hooks(hooks)
-            .cluster_concurrency(default.cluster_concurrency)
-            .lease_ttl(self.lease_ttl)
-            .tuning(
-                Tuning::default()
-                    .with_slot_margin(self.slot_margin)
-                    .with_max_lateness(self.max_lateness)
-                    .with_book_ahead(self.book_ahead),
-            )
-            .fallback_policy(self.fallback.into())
-            .build()?;
-        limiter.ping().await.context("Redis is unreachable")?;
-        // Refuse to start beside replicas that pace this scope otherwise.
-        limiter.check_config().await?;
-        let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
-        let probe = Arc::clone(&limiter);
+        if self.redis.is_some() || !self.redis_cluster.is_empty() {
+            #[cfg(feature = "redis")]
+            return self.shared_pacer(&default, policies, hooks).await;
+            #[cfg(not(feature = "redis"))]
+            bail!("--redis and --redis-cluster need the crawl built with its `redis` feature");
+        }
+        let _ = default;
         Ok(Pacer {
-            limiter,
-            mode: Arc::new(move || {
-                if probe.is_degraded() {
-                    "in-process (Redis unavailable)"
-                } else {
-                    "shared through Redis"
-                }
-            }),
-        })
-    }
-
-    /// The Redis pool the flags name, if any (`--redis-ca` for TLS with a
-    /// CA of your own, with the `tls` feature).
-    fn redis_pool(&self) -> anyhow::Result<Option<RedisPool>> {
-        let timeouts = RedisTimeouts::default();
-        let nodes: Vec<&str> = self.redis_cluster.iter().map(String::as_str).collect();
-        #[cfg(feature = "tls")]
-        if let Some(tls) = self.redis_tls()? {
-            return Ok(Some(match &self.redis {
-                Some(url) => RedisPool::standalone_tls(url, &tls, timeouts)?,
-                None => RedisPool::cluster_tls(&nodes, &tls, timeouts)?,
-            }));
-        }
-        #[cfg(not(feature = "tls"))]
-        if self.redis_ca.is_some() {
-            bail!("--redis-ca needs the crawl built with its `tls` feature");
-        }
-        Ok(match (&self.redis, nodes.is_empty()) {
-            (Some(url), _) => Some(RedisPool::standalone(url, timeouts)?),
-            (None, false) => Some(RedisPool::cluster(&nodes, timeouts)?),
-            (None, true) => None,
+            limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
+            mode: Arc::new(|| "in-process"),
         })
     }
 
