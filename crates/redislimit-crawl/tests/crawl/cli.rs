@@ -21,7 +21,7 @@ struct Ran {
 
 /// The crawl binary with stdout and stderr piped (so neither is a terminal).
 fn crawl() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
+    let mut cmd = Command::new(crate::crawl_binary());
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -27,6 +27,14 @@ use redislimit_tests::Upstream;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
 
+/// The `crawl` binary these tests run: this package's (the one `cargo
+/// install --path crates/redislimit-crawl` installs), or the one
+/// `REDISLIMIT_CRAWL` names, such as an installed copy.
+pub(crate) fn crawl_binary() -> PathBuf {
+    std::env::var_os("REDISLIMIT_CRAWL")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_crawl")), PathBuf::from)
+}
+
 pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
 
@@ -111,7 +119,7 @@ pub(crate) fn spawn_resolving(
     let list = dir.join(format!("urls-{n}.txt"));
     std::fs::write(&list, urls.join("\n")).unwrap();
     let report = dir.join(format!("report-{n}.jsonl"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_crawl"));
+    let mut cmd = Command::new(crawl_binary());
     cmd.arg("--urls").arg(&list).arg("--report").arg(&report);
     cmd.args(["--header", &format!("x-replica:{n}")]);
     if !extra.contains(&"--concurrency") {

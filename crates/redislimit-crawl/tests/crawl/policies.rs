@@ -99,7 +99,7 @@ async fn a_bad_policy_file_is_refused_naming_the_rule() {
         "[[rule]]\nmatch = \"a.test\"\n\n[[rule]]\nmatch = \"a.*.test\"\n",
     )
     .unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crawl"))
+    let out = tokio::process::Command::new(crate::crawl_binary())
         .args(["--policy", policy.to_str().unwrap(), "http://a.test/"])
         .output()
         .await
