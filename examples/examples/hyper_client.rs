@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
-use redislimit::{DomainLimiter, Pacing};
+use redislimit::{DomainLimiter, Limiter, Pacing};
 use redislimit_tower::{PaceLayer, PaceOptions};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_http::follow_redirect::{FollowRedirectLayer, RequestUri};
@@ -60,9 +60,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // PaceLayer would see only the first URL and charge every hop to its
     // host. A hop's response is dropped before the next hop, which releases
     // its permit.
+    let pace = PaceLayer::new(limiter).with_options(PaceOptions::default().with_engine("example"));
     let client = ServiceBuilder::new()
         .layer(FollowRedirectLayer::new())
-        .layer(PaceLayer::new(limiter).with_options(PaceOptions::default().with_engine("example")))
+        .layer(pace.clone())
         .service(hyper);
 
     let started = Instant::now();
@@ -96,5 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     for request in requests {
         request.await??;
     }
+    // Before the runtime ends: the layer's limiter sends its last releases.
+    pace.limiter().close(None).await?;
     Ok(())
 }

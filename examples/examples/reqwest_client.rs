@@ -8,9 +8,10 @@
 //! by side. `a.test/busy` answers 429 with `Retry-After: 1`, after which
 //! `a.test` is held back for a second.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redislimit::{DomainLimiter, Pacing};
+use redislimit::{DomainLimiter, Limiter, Pacing};
 use redislimit_reqwest::{PaceOptions, PacingMiddleware};
 
 #[tokio::main]
@@ -27,11 +28,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .resolve("a.test", upstream)
         .resolve("b.test", upstream)
         .build()?;
+    let pacing =
+        PacingMiddleware::new(limiter).with_options(PaceOptions::default().with_engine("example"));
+    // Kept to close the limiter at the end.
+    let limiter = Arc::clone(pacing.limiter());
     let client = reqwest_middleware::ClientBuilder::new(http)
-        .with(
-            PacingMiddleware::new(limiter)
-                .with_options(PaceOptions::default().with_engine("example")),
-        )
+        .with(pacing)
         .build();
 
     let started = Instant::now();
@@ -55,5 +57,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for request in requests {
         request.await??;
     }
+    // Before the runtime ends (a Redis-backed limiter sends its last
+    // releases here; this in-process one has nothing left to send).
+    limiter.close(None).await?;
     Ok(())
 }

@@ -13,9 +13,10 @@
 //! middleware happens per attempt. The other way round, pacing would be
 //! asked once and every retry would hit the host back to back.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redislimit::{DomainLimiter, Pacing};
+use redislimit::{DomainLimiter, Limiter, Pacing};
 use redislimit_reqwest::PacingMiddleware;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_retry::policies::ExponentialBackoff;
@@ -31,6 +32,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy = ExponentialBackoff::builder()
         .retry_bounds(Duration::from_millis(1), Duration::from_millis(5))
         .build_with_max_retries(3);
+    let pacing = PacingMiddleware::new(limiter);
+    let limiter = Arc::clone(pacing.limiter());
     let client = reqwest_middleware::ClientBuilder::new(
         reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -38,7 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?,
     )
     .with(RetryTransientMiddleware::new_with_policy(policy)) // outermost: retries...
-    .with(PacingMiddleware::new(limiter)) // ...each attempt through pacing
+    .with(pacing) // ...each attempt through pacing
     .build();
 
     let started = Instant::now();
@@ -49,5 +52,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_millis(),
         response.status()
     );
+    limiter.close(None).await?;
     Ok(())
 }

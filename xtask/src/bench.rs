@@ -201,10 +201,7 @@ pub(crate) fn run() -> Result<(), Failure> {
         if unmet.is_empty() {
             String::new()
         } else {
-            format!(
-                " (not met: {}; see Performance in the README)",
-                unmet.join(", ")
-            )
+            format!(" (not met: {}; see docs/PERFORMANCE.md)", unmet.join(", "))
         }
     );
     let summary = root.join("target/bench/summary.json");

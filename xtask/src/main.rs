@@ -155,7 +155,8 @@ fn split_test_args(
 }
 
 /// `cargo xtask test`: redis binaries, fmt, clippy (also on the core
-/// without its Redis feature), tests, docs.
+/// without its Redis feature), tests, docs (also of the core with its
+/// default features).
 fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
     header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
     redis::ensure_installed().map_err(|detail| Failure::new("redis", detail))?;
@@ -201,6 +202,13 @@ fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
         "doc",
         cargo()
             .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    // What docs.rs builds for a dependent that keeps the defaults.
+    step(
+        "doc of the core with its default features",
+        cargo()
+            .args(["doc", "-p", "redislimit", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     println!("==> all steps passed");

@@ -337,7 +337,7 @@ async fn soak(options: Options) -> ExitCode {
     let victim = options.replicas - 1;
     let mut generation = vec![0usize; options.replicas];
     // Started a second apart, as a rollout would: replicas started at once on a small
-    // machine flood Redis with one acquire per host each (see the README's soak).
+    // machine flood Redis with one acquire per host each (see the soak in docs/TESTING.md).
     let mut live: Vec<Replica> = Vec::new();
     for slot in 0..options.replicas {
         live.push(fleet.spawn(slot, 0));

@@ -196,14 +196,7 @@ async fn sigterm_finishes_in_flight_requests_and_releases_the_host() {
         .expect("the stopped replica did not exit")
         .unwrap();
     let exited = Instant::now();
-    let stderr = {
-        use tokio::io::AsyncReadExt;
-        let mut text = String::new();
-        if let Some(mut err) = first.child.stderr.take() {
-            let _ = err.read_to_string(&mut text).await;
-        }
-        text
-    };
+    let stderr = String::from_utf8_lossy(&first.stderr.await.unwrap_or_default()).into_owned();
     assert_eq!(status.code(), Some(143), "{stderr}");
     finish(vec![second]).await;
 

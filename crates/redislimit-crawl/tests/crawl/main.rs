@@ -79,6 +79,10 @@ pub(crate) struct Replica {
     pub(crate) child: Child,
     pub(crate) report: PathBuf,
     pub(crate) urls: Vec<String>,
+    /// Its stderr, read as it comes: a pipe nobody reads fills up, and then
+    /// the replica's log writes block its runtime's threads mid-request,
+    /// which no terminal or log collector does to a crawl in use.
+    pub(crate) stderr: tokio::task::JoinHandle<Vec<u8>>,
 }
 
 /// Starts replica `n` fetching `urls` from `upstream`, with `extra` args
@@ -133,10 +137,18 @@ pub(crate) fn spawn_resolving(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("start the crawl binary");
+    let mut pipe = child.stderr.take().expect("stderr is piped");
+    let stderr = tokio::spawn(async move {
+        let mut text = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut pipe, &mut text).await;
+        text
+    });
     Replica {
-        child: cmd.spawn().expect("start the crawl binary"),
+        child,
         report,
         urls: urls.to_vec(),
+        stderr,
     }
 }
 
@@ -146,17 +158,14 @@ pub(crate) fn spawn_resolving(
 pub(crate) async fn finish(replicas: Vec<Replica>) -> Vec<serde_json::Value> {
     let mut all = Vec::new();
     for replica in replicas {
-        let output =
-            tokio::time::timeout(Duration::from_secs(90), replica.child.wait_with_output())
-                .await
-                .expect("a crawl did not finish")
-                .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            output.status.success(),
-            "crawl failed: {}\n{stderr}",
-            output.status
-        );
+        let mut child = replica.child;
+        let status = tokio::time::timeout(Duration::from_secs(90), child.wait())
+            .await
+            .expect("a crawl did not finish")
+            .unwrap();
+        let stderr = replica.stderr.await.unwrap_or_default();
+        let stderr = String::from_utf8_lossy(&stderr);
+        assert!(status.success(), "crawl failed: {status}\n{stderr}");
         let lines = read_report(&replica.report);
         let mut ended: BTreeMap<String, usize> = BTreeMap::new();
         for line in &lines {

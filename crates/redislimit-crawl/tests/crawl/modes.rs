@@ -179,9 +179,10 @@ async fn a_replica_with_other_settings_refuses_to_start() {
         &urls(&upstream, &["a.test"], 2, "/other"),
         &["--redis", &server.url(), "--min-delay", "100ms"],
     );
-    let output = other.child.wait_with_output().await.unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let mut other = other;
+    let status = other.child.wait().await.unwrap();
+    let stderr = String::from_utf8_lossy(&other.stderr.await.unwrap_or_default()).into_owned();
+    assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("min_delay=100ms") && stderr.contains("min_delay=2s"),
         "both configurations must be named: {stderr}"

@@ -103,8 +103,8 @@ impl Tuning {
     /// [`max_lateness`](Self::with_max_lateness)). A wider margin only keeps
     /// the calls of waiters that run late (a timer woken late, a round
     /// trip longer than measured) from reaching Redis before their slot
-    /// and being told to wait again. See "Performance" in the README,
-    /// measured.
+    /// and being told to wait again. Measured in the repository's
+    /// docs/PERFORMANCE.md.
     pub fn with_slot_margin(mut self, margin: Duration) -> Self {
         self.slot_margin = margin;
         self
