@@ -104,7 +104,7 @@ impl Nginx {
             )
             .unwrap();
             let output = fs::File::create(dir.path().join("output.log")).unwrap();
-            let child = Command::new(&program)
+            let child = judge_command(&program)
                 .arg("-p")
                 .arg(dir.path())
                 .arg("-c")
@@ -316,6 +316,24 @@ http {{
 ",
         rate = config.rate,
     )
+}
+
+/// nginx, at a higher priority than the crawls it judges where the harness
+/// may raise it (as root; elsewhere `nice` says it cannot and runs nginx as
+/// is). nginx stamps the requests of one wake-up with one time: descheduled
+/// for 70 ms by eight replicas on two cores, it once stamped a request that
+/// had waited in its socket with the time it woke, so the next request to
+/// that host looked 70 ms early. The judge's own delays are not the
+/// crawl's; the limits it applies are the same.
+fn judge_command(program: &Path) -> Command {
+    let nice = Path::new("/usr/bin/nice");
+    if nice.exists() {
+        let mut cmd = Command::new(nice);
+        cmd.args(["-n", "-10"]).arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
 }
 
 fn parse_log_line(line: &str) -> Logged {
