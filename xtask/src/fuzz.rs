@@ -9,7 +9,7 @@
 //!   its path is printed and the task fails (after the other targets ran);
 //! - after a clean run, the corpus inputs that add coverage to the seeds are copied into
 //!   `fuzz/seeds/T/` (small ones only, at most [`MAX_SEEDS`] files in all), where the
-//!   `fuzz_seeds` test of the examples package runs them in every `cargo xtask test`.
+//!   `fuzz_seeds` test of redislimit-crawl runs them in every `cargo xtask test`.
 //!
 //! cargo-fuzz needs a nightly toolchain: the targets run through `rustup run nightly`
 //! (`--toolchain` to choose another).

@@ -189,6 +189,20 @@ fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
         ]),
     )?;
 
+    // The crawl as the demo builds it (neither Redis, TLS nor metrics).
+    step(
+        "clippy of the crawl without default features",
+        cargo().args([
+            "clippy",
+            "-p",
+            "redislimit-crawl",
+            "--no-default-features",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+
     let mut cargo_test = cargo();
     cargo_test.args(["test", "--workspace"]).args(cargo_args);
     if !test_args.is_empty() {

@@ -24,7 +24,8 @@ use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
 ///
 /// [`new`](Self::new) describes every metric to the recorder installed at
 /// that moment (the `# HELP` lines of a Prometheus page), with its unit,
-/// and sets the gauge to 0: build the hooks after installing the exporter.
+/// and registers the gauge (0 until set): build the hooks after installing
+/// the exporter.
 /// The `_seconds` histograms are histograms in the facade; whether an
 /// exporter keeps them as buckets is its choice. Prometheus's keeps
 /// quantiles (a summary, which cannot be added up across replicas) unless
@@ -72,7 +73,8 @@ impl MetricsHooks {
     ];
 
     /// Hooks without a host label. Describes every metric to the recorder
-    /// installed now, and sets `redislimit_fallback_active` to 0.
+    /// installed now, and registers `redislimit_fallback_active` (0 until a
+    /// fallback sets it).
     pub fn new() -> Self {
         Self::default()
     }
@@ -86,8 +88,7 @@ impl MetricsHooks {
 }
 
 /// Describes every metric (name, unit, what it counts) to the installed
-/// recorder, and sets the gauge to its resting value so it is present from
-/// the start.
+/// recorder, and registers the gauge so it is present from the start.
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
@@ -135,7 +136,9 @@ fn describe() {
         Unit::Count,
         "1 while a fallback limiter paces in process, 0 otherwise"
     );
-    metrics::gauge!("redislimit_fallback_active").set(0.0);
+    // Registered, so it is on the page from the start (at 0), without
+    // setting it: hooks built while a fallback is active leave it at 1.
+    let _ = metrics::gauge!("redislimit_fallback_active");
 }
 
 impl Hooks for MetricsHooks {

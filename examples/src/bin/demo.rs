@@ -77,9 +77,12 @@ async fn main() -> anyhow::Result<()> {
     // own (with its own connections) and Redis is what they share.
     let shared: Arc<dyn Limiter> = Arc::new(DomainLimiter::new(args.pacing()?));
     let mut replicas = Vec::new();
+    let mut limiters = vec![Arc::clone(&shared)];
     for n in 0..REPLICAS {
         let limiter = if demo.redis.is_some() {
-            args.limiter().await?
+            let own = args.limiter().await?;
+            limiters.push(Arc::clone(&own));
+            own
         } else {
             Arc::clone(&shared)
         };
@@ -95,6 +98,11 @@ async fn main() -> anyhow::Result<()> {
     let mut fetched: Vec<(usize, Fetched)> = Vec::new();
     for (n, replica) in replicas.into_iter().enumerate() {
         fetched.extend(replica.await??.into_iter().map(|f| (n, f)));
+    }
+    // The last releases reach Redis before the program ends.
+    let by = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    for limiter in limiters {
+        limiter.close(Some(by)).await?;
     }
 
     let all: Vec<Fetched> = fetched.iter().map(|(_, f)| f.clone()).collect();

@@ -133,12 +133,19 @@ impl Drop for Pending {
         lifecycle.releases.fetch_sub(1, Ordering::AcqRel);
         lifecycle.released.notify_waiters();
         if !self.done && !lifecycle.lost_release.swap(true, Ordering::AcqRel) {
-            tracing::warn!(
-                closed = lifecycle.is_closed(),
-                "a release was dropped before it reached Redis (the runtime shut down with it under way?): \
-                 its host stays booked until the lease expires, on every replica. \
-                 Call `limiter.close(deadline).await` before the runtime ends"
-            );
+            if lifecycle.is_closed() {
+                tracing::warn!(
+                    "a release was dropped before it reached Redis, after `close` returned at its deadline: \
+                     its host stays booked until the lease expires, on every replica. \
+                     Give `limiter.close(deadline).await` a later deadline"
+                );
+            } else {
+                tracing::warn!(
+                    "a release was dropped before it reached Redis (the runtime shut down with it under way?): \
+                     its host stays booked until the lease expires, on every replica. \
+                     Call `limiter.close(deadline).await` before the runtime ends"
+                );
+            }
         }
     }
 }
