@@ -34,6 +34,8 @@ impl Args {
             #[cfg(not(feature = "redis"))]
             bail!("--redis and --redis-cluster need the crawl built with its `redis` feature");
         }
+        // Only the shared limiter reads the default's cluster settings.
+        #[cfg(not(feature = "redis"))]
         let _ = default;
         Ok(Pacer {
             limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),

@@ -172,14 +172,13 @@ async fn a_replica_with_other_settings_refuses_to_start() {
     );
     finish(vec![first]).await;
     let sent = upstream.arrivals();
-    let other = spawn(
+    let mut other = spawn(
         dir.path(),
         1,
         &upstream,
         &urls(&upstream, &["a.test"], 2, "/other"),
         &["--redis", &server.url(), "--min-delay", "100ms"],
     );
-    let mut other = other;
     let status = other.child.wait().await.unwrap();
     let stderr = String::from_utf8_lossy(&other.stderr.await.unwrap_or_default()).into_owned();
     assert_eq!(status.code(), Some(2), "{stderr}");
