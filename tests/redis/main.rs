@@ -14,6 +14,7 @@ mod faults;
 mod garbage;
 mod lateness;
 mod leases;
+mod misconfig;
 mod modes;
 mod policies;
 mod renewal;

@@ -1,12 +1,15 @@
 //! Redis over TLS: a `rediss://` limiter trusting a throw-away CA paces
-//! real requests, seen at the upstream; a plain client on the TLS port and
-//! a client that does not trust the CA fail with a typed error, in bounded
-//! time.
+//! real requests, seen at the upstream; a plain client on the TLS port
+//! (unavailable: the server closes on it, as a dying one would) and a
+//! client that does not trust the CA (misconfigured) fail with a typed
+//! error, in bounded time.
 
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
-use redislimit::{ConfigError, Error, Limiter, RedisLimiter, RedisPool, RedisTimeouts, RedisTls};
+use redislimit::{
+    ConfigError, Error, Limiter, Misconfiguration, RedisLimiter, RedisPool, RedisTimeouts, RedisTls,
+};
 use redislimit_reqwest::PacingMiddleware;
 use redislimit_tests::record::assert_serialized;
 use redislimit_tests::resp::{self, Reply};
@@ -75,9 +78,10 @@ async fn rediss_limiters_pace_requests_seen_at_the_upstream() {
     }
 }
 
-/// Acquires once through `pool`; must fail as `Unavailable` well within
-/// the pool's timeouts, and returns the error's whole source chain as text.
-async fn refused(pool: RedisPool) -> String {
+/// Acquires once through `pool`; must fail as `Unavailable` (or, with
+/// `misconfigured`, as a TLS misconfiguration) well within the pool's
+/// timeouts, and returns the error's whole source chain as text.
+async fn refused(pool: RedisPool, misconfigured: bool) -> String {
     let limiter: RedisLimiter = limiter(pool, |p| p.min_delay(10 * MS), |b| b);
     let started = Instant::now();
     let result = bounded(10, limiter.acquire_host("test", host("a.test"), None)).await;
@@ -85,7 +89,20 @@ async fn refused(pool: RedisPool) -> String {
         Ok(_) => panic!("an acquire was admitted without a working TLS connection"),
         Err(err) => err,
     };
-    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    if misconfigured {
+        assert!(
+            matches!(
+                err,
+                Error::Misconfigured {
+                    cause: Misconfiguration::Tls,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    } else {
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    }
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "the failure took {:?}",
@@ -107,22 +124,22 @@ async fn a_plain_client_on_the_tls_port_is_unavailable() {
     assert!(resp::command(server.addr(), &["PING"], Duration::from_secs(2)).is_err());
     let plain = format!("redis://127.0.0.1:{}/", server.port());
     let pool = RedisPool::standalone(&plain, RedisTimeouts::default()).unwrap();
-    refused(pool).await;
+    refused(pool, false).await;
     assert!(server.is_running(), "the server died:\n{}", server.logs());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_does_not_trust_the_ca_is_unavailable() {
+async fn a_client_that_does_not_trust_the_ca_is_misconfigured() {
     let server = RedisServer::start_tls();
     // Another throw-away CA: the server's certificate is not one of its.
     let stranger = RedisTls::ca_pem(TestCa::new().ca_pem()).unwrap();
     let pool =
         RedisPool::standalone_tls(&server.url(), &stranger, RedisTimeouts::default()).unwrap();
-    let chain = refused(pool).await;
+    let chain = refused(pool, true).await;
     assert!(chain.to_lowercase().contains("certificate"), "{chain}");
     // The system's certificates do not hold the throw-away CA either.
     let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
-    let chain = refused(pool).await;
+    let chain = refused(pool, true).await;
     assert!(chain.to_lowercase().contains("certificate"), "{chain}");
     // The same server answers a client that trusts its CA.
     let pool =

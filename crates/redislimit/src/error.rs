@@ -97,6 +97,23 @@ pub enum Error {
     #[error(transparent)]
     InvalidConfig(#[from] ConfigError),
 
+    /// The shared backend answered in a way that says it is set up wrong
+    /// for this limiter: a password it refuses, a database it does not
+    /// have, a server that does not speak RESP, TLS to a plain port, a
+    /// command the user may not run. Unlike [`Error::Unavailable`], waiting
+    /// will not mend it, so a fallback does not take over: every call fails
+    /// with this until the configuration is fixed. Nothing was admitted.
+    #[error("the pacing backend is misconfigured ({cause}) during {op}")]
+    Misconfigured {
+        /// The operation that failed.
+        op: Op,
+        /// What is wrong.
+        cause: Misconfiguration,
+        /// The backend's own report.
+        #[source]
+        source: BoxError,
+    },
+
     /// Replicas sharing one scope disagree on the settings that decide
     /// admission; this one is refused so that the scope keeps one limit.
     /// Nothing was admitted. Once the replicas with the other settings
@@ -130,6 +147,43 @@ impl Error {
     /// fallback may.
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Unavailable { .. })
+    }
+}
+
+/// What [`Error::Misconfigured`] found wrong with the backend's setup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Misconfiguration {
+    /// The server refused the credentials (`WRONGPASS`), or wants some and
+    /// was given none (`NOAUTH`).
+    Authentication,
+    /// The user may not run a command the limiter needs (`NOPERM`).
+    Permission,
+    /// The server has no database of the index asked for.
+    Database,
+    /// What answered does not speak RESP (an HTTP server, say).
+    NotRedis,
+    /// TLS does not work with this server: it speaks plain RESP on a port
+    /// given as `rediss://`, or its certificate is not trusted.
+    Tls,
+}
+
+impl Misconfiguration {
+    /// A short name, as used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Authentication => "authentication",
+            Self::Permission => "permission",
+            Self::Database => "database",
+            Self::NotRedis => "not Redis",
+            Self::Tls => "TLS",
+        }
+    }
+}
+
+impl std::fmt::Display for Misconfiguration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -92,7 +92,7 @@ pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 pub use self::{
-    error::{ConfigError, Error, Op},
+    error::{ConfigError, Error, Misconfiguration, Op},
     fallback::FallbackLimiter,
     hooks::{Hooks, WaitOutcome},
     key::HostKey,

@@ -21,6 +21,7 @@ mod keys;
 mod lateness;
 mod lifecycle;
 mod limiter;
+mod misconfig;
 mod ops;
 mod pause;
 mod pool;

@@ -67,14 +67,17 @@ impl CallError {
                 op,
                 "Redis failed to answer moments ago; it is asked again once a second",
             ),
-            Self::Failed {
-                err: QueryError::Redis(e),
-                ..
-            } => Error::unavailable(op, e),
-            Self::Failed {
-                err: QueryError::Pool(e),
-                ..
-            } => Error::Unavailable { op, source: e },
+            Self::Failed { err, .. } => match super::misconfig::diagnose(&err) {
+                Some(cause) => Error::Misconfigured {
+                    op,
+                    cause,
+                    source: err.into_source(),
+                },
+                None => Error::Unavailable {
+                    op,
+                    source: err.into_source(),
+                },
+            },
             Self::BadReply(why) => Error::unavailable(op, why),
         }
     }

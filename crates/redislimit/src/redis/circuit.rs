@@ -87,7 +87,12 @@ impl Circuit {
 /// Whether a failure says Redis could not be reached or did not answer (as
 /// opposed to an answer that was an error reply).
 pub(crate) fn not_answering(err: &QueryError) -> bool {
+    if super::misconfig::diagnose(err).is_some() {
+        // It answered: wrongly set up, not away.
+        return false;
+    }
     match err {
+        QueryError::Misconfigured(..) => false,
         QueryError::Pool(_) => true,
         QueryError::Redis(e) => connection_error(e),
     }

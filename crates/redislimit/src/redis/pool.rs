@@ -9,13 +9,13 @@ use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError,
-    ServerErrorKind,
+    self, AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, FromRedisValue,
+    IntoConnectionInfo, RedisError, ServerErrorKind,
 };
 
 #[cfg(feature = "tls-rustls")]
 use super::tls::RedisTls;
-use crate::{BoxError, ConfigError};
+use crate::{BoxError, ConfigError, Misconfiguration};
 
 /// Timeouts and size of the pools the `RedisPool` constructors build.
 ///
@@ -107,7 +107,13 @@ impl RedisTimeouts {
 /// # Ok::<(), redislimit::ConfigError>(())
 /// ```
 #[derive(Clone)]
-pub struct RedisPool(Pools);
+pub struct RedisPool {
+    pools: Pools,
+    /// For a standalone `rediss://` pool, the server's `host:port`: a
+    /// connection that times out there is checked for plain RESP (see
+    /// `misconfig::speaks_plain_resp`).
+    tls_at: Option<String>,
+}
 
 /// The deployment a [`RedisPool`] reaches, and through what.
 #[derive(Clone)]
@@ -128,7 +134,7 @@ enum Pools {
 
 impl fmt::Debug for RedisPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (kind, status) = match &self.0 {
+        let (kind, status) = match &self.pools {
             Pools::Standalone(p) => ("Standalone", p.status()),
             Pools::Sentinel(p) => ("Sentinel", p.status()),
             Pools::Cluster(p) => ("Cluster", p.status()),
@@ -192,10 +198,22 @@ impl RedisPool {
         Self::standalone_at(client.get_connection_info().clone(), timeouts)
     }
 
+    fn of(pools: Pools) -> Self {
+        Self {
+            pools,
+            tls_at: None,
+        }
+    }
+
     fn standalone_at(
         info: impl IntoConnectionInfo,
         timeouts: RedisTimeouts,
     ) -> Result<Self, ConfigError> {
+        let info = info.into_connection_info().map_err(invalid)?;
+        let tls_at = match info.addr() {
+            ConnectionAddr::TcpTls { host, port, .. } => Some(format!("{host}:{port}")),
+            _ => None,
+        };
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response));
@@ -205,7 +223,10 @@ impl RedisPool {
             .apply(deadpool_redis::Pool::builder(manager))
             .build()
             .map_err(invalid)?;
-        Ok(Self(Pools::Standalone(pool)))
+        Ok(Self {
+            pools: Pools::Standalone(pool),
+            tls_at,
+        })
     }
 
     /// A pool of connections to the master that the Sentinels at
@@ -238,7 +259,7 @@ impl RedisPool {
             .apply(deadpool_redis::sentinel::Pool::builder(manager))
             .build()
             .map_err(invalid)?;
-        Ok(Self(Pools::Sentinel(pool)))
+        Ok(Self::of(Pools::Sentinel(pool)))
     }
 
     /// A pool of cluster connections seeded from `nodes` (`rediss://` URLs
@@ -272,19 +293,19 @@ impl RedisPool {
     /// its wait, create and recycle timeouts, and its connections'
     /// response timeout: see [`RedisTimeouts`] for why).
     pub fn from_deadpool(pool: deadpool_redis::Pool) -> Self {
-        Self(Pools::Standalone(pool))
+        Self::of(Pools::Standalone(pool))
     }
 
     /// A Sentinel pool of your own, used exactly as configured.
     pub fn from_deadpool_sentinel(pool: deadpool_redis::sentinel::Pool) -> Self {
-        Self(Pools::Sentinel(pool))
+        Self::of(Pools::Sentinel(pool))
     }
 
     /// deadpool-redis' own Cluster pool, used exactly as configured. It
     /// cannot set a response timeout, so a frozen node stalls a call until
     /// the operating system gives up; prefer [`RedisPool::cluster`].
     pub fn from_deadpool_cluster(pool: deadpool_redis::cluster::Pool) -> Self {
-        Self(Pools::DeadpoolCluster(pool))
+        Self::of(Pools::DeadpoolCluster(pool))
     }
 
     fn cluster_with(
@@ -301,7 +322,7 @@ impl RedisPool {
             .apply(ClusterPool::builder(ClusterManager::new(client)))
             .build()
             .map_err(invalid)?;
-        Ok(Self(Pools::Cluster(pool)))
+        Ok(Self::of(Pools::Cluster(pool)))
     }
 }
 
@@ -358,10 +379,11 @@ impl Connections {
             return Ok(cached);
         }
         let pool_err = |e: deadpool_redis::PoolError| QueryError::Pool(Box::new(e));
-        let conn = match &self.pool.0 {
-            Pools::Standalone(p) => Conn::Single(deadpool_redis::Connection::take(
-                p.get().await.map_err(pool_err)?,
-            )),
+        let conn = match &self.pool.pools {
+            Pools::Standalone(p) => match p.get().await {
+                Ok(conn) => Conn::Single(deadpool_redis::Connection::take(conn)),
+                Err(e) => return Err(self.diagnose_tls(e).await),
+            },
             Pools::Sentinel(p) => Conn::Single(deadpool_redis::sentinel::Connection::take(
                 p.get().await.map_err(pool_err)?,
             )),
@@ -376,6 +398,30 @@ impl Connections {
         current.0 += 1;
         current.1 = Some(conn.clone());
         Ok((current.0, conn))
+    }
+
+    /// A TLS connection that timed out may have been a TLS hello waiting
+    /// on a plain port for an answer that never comes: ask the port in
+    /// plain RESP, so that the caller learns of the misconfiguration
+    /// instead of an outage.
+    async fn diagnose_tls(&self, err: deadpool_redis::PoolError) -> QueryError {
+        let timed_out = matches!(
+            &err,
+            deadpool_redis::PoolError::Backend(e) if e.is_timeout()
+        ) || matches!(&err, deadpool_redis::PoolError::Timeout(_));
+        if let (true, Some(addr)) = (timed_out, &self.pool.tls_at)
+            && super::misconfig::speaks_plain_resp(addr).await
+        {
+            return QueryError::Misconfigured(
+                Misconfiguration::Tls,
+                format!(
+                    "the server at {addr} answers plain RESP: it does not speak TLS \
+                     (use redis:// for it, or point rediss:// at its TLS port)"
+                )
+                .into(),
+            );
+        }
+        QueryError::Pool(Box::new(err))
     }
 
     /// Runs `cmd` on the shared connection.
@@ -420,9 +466,20 @@ pub(crate) enum QueryError {
     /// The command failed.
     #[error(transparent)]
     Redis(RedisError),
+    /// What answered showed that the limiter is set up wrong for it.
+    #[error("{1}")]
+    Misconfigured(Misconfiguration, #[source] BoxError),
 }
 
 impl QueryError {
+    /// The error as the `source` of the limiter's own.
+    pub(crate) fn into_source(self) -> BoxError {
+        match self {
+            Self::Pool(e) | Self::Misconfigured(_, e) => e,
+            Self::Redis(e) => Box::new(e),
+        }
+    }
+
     pub(crate) fn is_noscript(&self) -> bool {
         matches!(self, Self::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
     }
