@@ -114,6 +114,40 @@ async fn share_keeps_the_rate_and_cap_of_all_replicas_together() {
     assert!(max_in_flight(&seen) <= 6);
 }
 
+/// Regression: each replica sent once per two of its turns, half its
+/// share: the turn after a send began a few microseconds before the share
+/// let it through, so it waited a whole period for the next. Each replica
+/// now sends at (nearly) its whole share, one request per N x `min_delay`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_sends_at_each_replicas_whole_share() {
+    let server = RedisServer::start();
+    let gap = 60 * MS;
+    let all = replicas(&server, gap, 6, FallbackPolicy::Share).await;
+    let seen = crawl_frozen(&server, &all, Duration::from_secs(6), 30 * MS)
+        .await
+        .host("a.test");
+    let period = gap * REPLICAS as u32;
+    for replica in 0..REPLICAS {
+        let sends: Vec<_> = seen.iter().filter(|r| r.replica == replica).collect();
+        let (Some(first), Some(last)) = (sends.first(), sends.last()) else {
+            panic!("replica {replica} sent nothing: {seen:?}");
+        };
+        // Sends after its first, against the turns it had in that time.
+        let turns = (last.send - first.send).as_micros() / period.as_micros();
+        let sent = sends.len() as u128 - 1;
+        assert!(
+            turns >= 20 && sent * 10 >= turns * 9,
+            "replica {replica} sent {sent} requests in {turns} of its turns ({:?})",
+            last.send - first.send
+        );
+    }
+    let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
+    assert!(
+        peak <= rate_bound(gap),
+        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
+    );
+}
+
 /// With a cap of one request (serialized mode), sharing cannot divide it:
 /// one replica serves the host, exactly as Redis would have paced it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

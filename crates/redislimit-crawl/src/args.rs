@@ -16,7 +16,7 @@ use super::policy_file::{Settings, load as load_policy_file, parse_duration};
 /// sharing one pace per host with other replicas through Redis.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "crawl", version)]
-#[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster"]).multiple(true))]
+#[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]).multiple(true))]
 #[command(
     after_help = "Logs go to stderr; RUST_LOG sets what is shown (default: info). \
 On SIGINT or SIGTERM no request starts; those in flight have --grace to finish, every \
@@ -34,12 +34,32 @@ pub struct Args {
     /// Share pacing with other replicas through this Redis server
     /// (`redis://host:port/`, or `rediss://host:port/` for TLS); without it,
     /// pacing is in-process.
-    #[arg(long, value_name = "URL", conflicts_with = "redis_cluster")]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
     pub redis: Option<String>,
     /// Share pacing through a Redis Cluster, seeded from these nodes
     /// (repeatable; `rediss://` for TLS).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "redis_sentinel")]
     pub redis_cluster: Vec<String>,
+    /// Share pacing through the Redis master these Sentinels know as
+    /// `--redis-master` (repeatable; `rediss://` for TLS to the Sentinels
+    /// and the master, trusting the system's certificates: point
+    /// SSL_CERT_FILE at a CA of your own).
+    #[arg(long, value_name = "URL")]
+    pub redis_sentinel: Vec<String>,
+    /// With `--redis-sentinel`: the name the Sentinels know the master by.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "redis_sentinel",
+        default_value = "mymaster"
+    )]
+    pub redis_master: String,
+    /// With Redis: how many replicas to assume when Redis is unavailable
+    /// before this one has seen the others (it then paces at 1/N of each
+    /// limit). With it, the crawl also starts while Redis is down, and
+    /// joins Redis when it answers; without it, it refuses to start.
+    #[arg(long, value_name = "N", requires = "shared", value_parser = clap::value_parser!(u32).range(1..))]
+    pub expected_replicas: Option<u32>,
     /// With a `rediss://` Redis: trust the CA certificates in FILE (PEM)
     /// instead of the system's certificates, e.g. for a Redis whose
     /// certificate your own CA issued.
@@ -400,10 +420,21 @@ mod tests {
             ["--lease-ttl", "5s"],
             ["--scope", "other"],
             ["--fallback", "full"],
+            ["--expected-replicas", "3"],
+            ["--redis-master", "m"],
         ] {
             let err = refused(&["crawl", flag[0], flag[1], "http://a.test/"]);
             assert!(err.contains("--redis"), "{flag:?}: {err}");
         }
+        let err = refused(&[
+            "crawl",
+            "--redis",
+            "redis://127.0.0.1/",
+            "--expected-replicas",
+            "0",
+            "http://a.test/",
+        ]);
+        assert!(err.contains("--expected-replicas"), "{err}");
         // With Redis they are meaningful.
         let ok = Args::try_parse_from([
             "crawl",
@@ -420,6 +451,17 @@ mod tests {
             "redis://127.0.0.1:7000/",
             "--scope",
             "s",
+            "http://a.test/",
+        ]);
+        assert!(ok.is_ok(), "{ok:?}");
+        let ok = Args::try_parse_from([
+            "crawl",
+            "--redis-sentinel",
+            "redis://127.0.0.1:26379/",
+            "--redis-master",
+            "pacing",
+            "--expected-replicas",
+            "4",
             "http://a.test/",
         ]);
         assert!(ok.is_ok(), "{ok:?}");

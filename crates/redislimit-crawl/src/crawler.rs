@@ -112,6 +112,10 @@ pub struct Crawler {
     limiter: Arc<dyn Limiter>,
     min_delay: Duration,
     robots: Option<RobotsOptions>,
+    /// The first pacing error that no waiting mends (another replica's
+    /// settings hold the scope, a misconfigured Redis): the crawl stops
+    /// starting requests, and exits non-zero.
+    fatal: Arc<std::sync::OnceLock<String>>,
 }
 
 impl std::fmt::Debug for Crawler {
@@ -253,6 +257,7 @@ impl Crawler {
                 max_crawl_delay: args.max_crawl_delay,
                 retry: args.robots_retry,
             }),
+            fatal: Arc::default(),
         })
     }
 
@@ -282,6 +287,25 @@ impl Crawler {
     /// The handle that stops this crawl (see [`Stop`]).
     pub fn stop_handle(&self) -> Stop {
         self.stop.clone()
+    }
+
+    /// The pacing error that stopped the crawl, if one did: another
+    /// replica's settings hold the scope (`ConfigMismatch`), or Redis is
+    /// misconfigured. No URL starts after it; the caller exits non-zero.
+    pub fn fatal(&self) -> Option<&str> {
+        self.fatal.get().map(String::as_str)
+    }
+
+    /// Stops the crawl on a pacing error that waiting cannot mend.
+    fn stop_on_fatal(&self, err: &Error) {
+        if matches!(
+            err,
+            Error::ConfigMismatch { .. } | Error::Misconfigured { .. }
+        ) && self.fatal.set(error_chain(err)).is_ok()
+        {
+            tracing::error!("{}: no more requests start", Causes(err));
+            self.stop.graceful();
+        }
     }
 
     /// Fetches every URL once, each host's in input order; returns what

@@ -28,11 +28,15 @@ impl Args {
             Some(_) => Arc::new(redislimit::MetricsHooks::new()),
             _ => Arc::new(redislimit::hooks::NoHooks),
         };
-        if self.redis.is_some() || !self.redis_cluster.is_empty() {
+        if self.redis.is_some() || !self.redis_cluster.is_empty() || !self.redis_sentinel.is_empty()
+        {
             #[cfg(feature = "redis")]
             return self.shared_pacer(&default, policies, hooks).await;
             #[cfg(not(feature = "redis"))]
-            bail!("--redis and --redis-cluster need the crawl built with its `redis` feature");
+            bail!(
+                "--redis, --redis-cluster and --redis-sentinel need the crawl built with its \
+                 `redis` feature"
+            );
         }
         // Only the shared limiter reads the default's cluster settings.
         #[cfg(not(feature = "redis"))]
@@ -88,6 +92,9 @@ impl Args {
             && err.kind() != std::io::ErrorKind::BrokenPipe
         {
             return Err(err).context("cannot print the summary");
+        }
+        if let Some(fatal) = crawler.fatal() {
+            bail!("the crawl stopped early: {fatal}");
         }
         Ok(signal)
     }

@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
-#[cfg(not(feature = "tls"))]
-use anyhow::bail;
+use anyhow::{Context, bail};
+use redislimit::error::Causes;
 use redislimit::{
     FallbackLimiter, Hooks, Policies, RedisLimiter, RedisPool, RedisTimeouts, Tuning,
 };
@@ -15,8 +14,10 @@ use super::policy_file::Settings;
 use super::run::Pacer;
 
 impl Args {
-    /// The Redis-backed limiter (`--redis` or `--redis-cluster`), after
-    /// checking that Redis answers and that the scope's settings agree.
+    /// The Redis-backed limiter (`--redis`, `--redis-cluster` or
+    /// `--redis-sentinel`), after checking that Redis answers and that the
+    /// scope's settings agree; while Redis is unavailable, only with
+    /// `--expected-replicas`.
     pub(crate) async fn shared_pacer(
         &self,
         default: &Settings,
@@ -24,7 +25,11 @@ impl Args {
         hooks: Arc<dyn Hooks>,
     ) -> anyhow::Result<Pacer> {
         let pool = self.redis_pool()?;
-        let limiter = RedisLimiter::builder(pool, self.scope.clone())
+        let mut builder = RedisLimiter::builder(pool, self.scope.clone());
+        if let Some(n) = self.expected_replicas {
+            builder = builder.expected_replicas(n);
+        }
+        let limiter = builder
             .policies(policies)
             .hooks(hooks)
             .cluster_concurrency(default.cluster_concurrency)
@@ -37,9 +42,26 @@ impl Args {
             )
             .fallback_policy(self.fallback.into())
             .build()?;
-        limiter.ping().await.context("Redis is unreachable")?;
-        // Refuse to start beside replicas that pace this scope otherwise.
-        limiter.check_config().await?;
+        match limiter.ping().await {
+            // Refuse to start beside replicas that pace this scope otherwise.
+            Ok(()) => limiter.check_config().await?,
+            Err(err) if err.is_unavailable() => match self.expected_replicas {
+                Some(n) => tracing::warn!(
+                    error = %Causes(&err),
+                    "Redis is unavailable at start: pacing in-process at 1/{n} of each \
+                     limit (--expected-replicas {n}) until it answers"
+                ),
+                None => {
+                    return Err(err).context(
+                        "Redis is unreachable (with --expected-replicas N the crawl starts \
+                         anyway, at 1/N of each limit, and joins Redis when it answers)",
+                    );
+                }
+            },
+            // Misconfigured (a refused password, a missing database, not
+            // Redis, TLS to a plain port): no waiting mends it.
+            Err(err) => return Err(err.into()),
+        }
         let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
         let probe = Arc::clone(&limiter);
         Ok(Pacer {
@@ -59,6 +81,20 @@ impl Args {
     fn redis_pool(&self) -> anyhow::Result<RedisPool> {
         let timeouts = RedisTimeouts::default();
         let nodes: Vec<&str> = self.redis_cluster.iter().map(String::as_str).collect();
+        if !self.redis_sentinel.is_empty() {
+            if self.redis_ca.is_some() {
+                bail!(
+                    "--redis-ca does not apply to --redis-sentinel: point SSL_CERT_FILE at the CA \
+                     instead"
+                );
+            }
+            let sentinels: Vec<&str> = self.redis_sentinel.iter().map(String::as_str).collect();
+            return Ok(RedisPool::sentinel(
+                &sentinels,
+                &self.redis_master,
+                timeouts,
+            )?);
+        }
         #[cfg(feature = "tls")]
         if let Some(tls) = self.redis_tls()? {
             return Ok(match &self.redis {

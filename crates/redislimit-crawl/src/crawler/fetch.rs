@@ -176,7 +176,10 @@ impl Crawler {
                     {
                         return Attempt::NotYet(*wait);
                     }
-                    Some(pacing) => format!("not sent: {}", error_chain(pacing)),
+                    Some(pacing) => {
+                        self.stop_on_fatal(pacing);
+                        format!("not sent: {}", error_chain(pacing))
+                    }
                     None => error_chain(&err),
                 };
                 let mut fetched = self.fetched(&url, queued, sent, None, Some(error));

@@ -14,6 +14,7 @@ mod lifecycle;
 mod metrics;
 mod modes;
 mod nginx;
+mod partial;
 mod policies;
 mod robots;
 mod skew;

@@ -188,9 +188,9 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 continue;
             }
             if self.degraded.swap(true, Ordering::Relaxed) {
-                tracing::debug!(host = %host, error = %crate::error::Causes(&err), ?plan, "pacing in-process");
+                tracing::debug!(host = %host, error = %crate::error::Causes(&err), %plan, "pacing in-process");
             } else {
-                tracing::warn!(host = %host, error = %crate::error::Causes(&err), ?plan, "the shared limiter is unavailable: pacing in-process");
+                tracing::warn!(host = %host, error = %crate::error::Causes(&err), %plan, "the shared limiter is unavailable: pacing in-process");
                 self.hooks.on_fallback(true);
             }
             // Taken back unless sent (a blown budget, a dropped future).
@@ -243,7 +243,15 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         let gap = policies.pacing_for(host).min_delay();
         let mut from = after(began, gap);
         if let Some(last) = self.fallback.last_sent(host) {
-            from = from.max(after(last, gap.saturating_mul(n)));
+            // `last` left at its turn's start, or a moment after (a timer's
+            // tick, a busy runtime): this replica's next turn begins n gaps
+            // after that start, so a little before `last` + n gaps. Bound
+            // by `last` + n gaps exactly, the share would admit a moment
+            // into that turn, and the send would wait a whole period for
+            // the one after: half the share. Less the turn's window, it
+            // still leaves more than one gap after `last` (n >= 2).
+            let slack = turn_window(policies.pacing_for(host)).unwrap_or_default();
+            from = from.max(after(last, gap.saturating_mul(n).saturating_sub(slack)));
         }
         let now = Instant::now();
         if from > now {

@@ -23,6 +23,23 @@ pub(crate) enum Plan {
     },
     /// Not at all: another replica serves it until the primary is back.
     Defer,
+    /// At the full in-process pacing, as the one replica that serves it
+    /// (`Partition`) while the others defer.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Own,
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Alone => f.write_str("alone at the full limits"),
+            Self::Share { n, index } => {
+                write!(f, "1/{n} of the limits (turn {} of {n})", index + 1)
+            }
+            Self::Defer => f.write_str("deferring to the replica that serves the host"),
+            Self::Own => f.write_str("serving the host for all replicas (partition)"),
+        }
+    }
 }
 
 /// Decides, per host, how a replica carries on while its primary is

@@ -166,7 +166,7 @@ pub(super) fn plan_for(
     match roster.peers {
         // By key: every host of a key is served by the same replica.
         Some(peers) if owner(peers, key) != Some(roster.me) => Plan::Defer,
-        Some(_) => Plan::Alone,
+        Some(_) => Plan::Own,
         // Nobody known to partition with: divide as well as possible.
         None => Plan::Share { n, index },
     }
@@ -297,7 +297,7 @@ mod tests {
                     turns.sort_unstable();
                     prop_assert_eq!(turns, (0..n as u32).collect::<Vec<_>>());
                 } else {
-                    prop_assert_eq!(plans.iter().filter(|p| **p == Plan::Alone).count(), 1);
+                    prop_assert_eq!(plans.iter().filter(|p| **p == Plan::Own).count(), 1);
                     prop_assert_eq!(plans.iter().filter(|p| **p == Plan::Defer).count(), n - 1);
                 }
             }

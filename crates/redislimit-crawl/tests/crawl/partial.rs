@@ -1,0 +1,201 @@
+//! Partial failures and misconfiguration, from the crawl's side: a Redis
+//! set up wrong stops the crawl with its cause; a crawl started while
+//! Redis is down paces at its share (`--expected-replicas`) and joins Redis
+//! when it answers; settings that lose the scope's agreement mid-crawl stop
+//! it with a non-zero exit.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use redislimit_tests::record::{assert_serialized, max_in_window};
+use redislimit_tests::resp::Reply;
+use redislimit_tests::{RedisServer, Upstream};
+use tokio::process::Command;
+
+use crate::{MS, SLACK, crawl_binary, finish, spawn_all, tempdir, urls};
+
+/// Runs the crawl on `args` (plus `--resolve a.test:` the upstream) to its
+/// end; returns its exit code and stderr.
+async fn run(upstream: &Upstream, args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(crawl_binary())
+        .args(["--resolve", &format!("a.test:{}", upstream.addr().ip())])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("the crawl did not finish")
+        .expect("start the crawl binary");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A refused password and a URL that points at an HTTP server: exit 2,
+/// naming the cause; nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misconfigured_redis_stops_the_crawl_naming_the_cause() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    server.query(&["CONFIG", "SET", "requirepass", "secret"]);
+    let url = upstream.url("a.test", "/");
+    let wrong = format!("redis://:wrong@127.0.0.1:{}/", server.port());
+    let http = format!("redis://127.0.0.1:{}/", upstream.addr().port());
+    for (redis, cause) in [
+        (wrong.as_str(), "misconfigured (authentication)"),
+        (http.as_str(), "misconfigured (not Redis)"),
+    ] {
+        let (code, stderr) = run(&upstream, &["--redis", redis, &url]).await;
+        assert_eq!(code, Some(2), "{redis}: {stderr}");
+        assert!(stderr.contains(cause), "{redis}: {stderr}");
+        assert!(!stderr.contains("unreachable"), "{redis}: {stderr}");
+    }
+    assert!(upstream.recorder().all().is_empty());
+}
+
+/// Redis down at start: refused without `--expected-replicas` (with a
+/// hint); with it, two replicas pace at their shares (together within the
+/// host's rate at the upstream), and join Redis once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crawl_started_while_redis_is_down_shares_and_joins_it() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    server.kill();
+    let upstream = Upstream::start().await;
+    let url = upstream.url("a.test", "/");
+    let (code, stderr) = run(&upstream, &["--redis", &server.url(), &url]).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--expected-replicas"), "{stderr}");
+    assert!(upstream.recorder().all().is_empty());
+
+    let dir = tempdir();
+    let gap = 100 * MS;
+    let list = urls(&upstream, &["a.test"], 60, "/slow?chunks=2&every=10");
+    let args = [
+        "--redis",
+        &server.url(),
+        "--min-delay",
+        "100ms",
+        "--expected-replicas",
+        "2",
+        "--lease-ttl",
+        "2s",
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    server.restart();
+    let back = std::time::Instant::now();
+    finish(replicas).await;
+    let seen = upstream.recorder().host("a.test");
+    let outage: Vec<_> = seen.iter().filter(|r| r.send < back).cloned().collect();
+    assert!(
+        outage.iter().any(|r| r.replica == 0) && outage.iter().any(|r| r.replica == 1),
+        "both replicas worked while Redis was down: {outage:?}"
+    );
+    // Each at half the rate: together within it (two replicas that never
+    // met may share a turn, so the gap between them is not promised).
+    let peak = max_in_window(&outage, Duration::from_secs(1) - SLACK);
+    assert!(peak <= 11, "{peak} sends in 1 s at a 100 ms gap");
+    // Joined: pacing is shared again, and the state lives in Redis.
+    let after: Vec<_> = seen
+        .iter()
+        .filter(|r| r.send > back + Duration::from_millis(1500))
+        .cloned()
+        .collect();
+    assert!(after.len() >= 4, "too few sends after Redis came back");
+    assert_serialized(&after, gap - SLACK);
+    match server.query(&["DBSIZE"]) {
+        Reply::Integer(keys) => assert!(keys > 0, "the replicas never wrote to Redis"),
+        other => panic!("DBSIZE: {other:?}"),
+    }
+}
+
+/// The scope's record changes under a running crawl (another rollout's
+/// settings): the crawl stops starting requests, says why, and exits 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crawl_that_loses_the_agreement_exits_non_zero() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let list = urls(&upstream, &["a.test", "b.test"], 40, "/");
+    let args = [
+        "--redis",
+        &server.url(),
+        "--min-delay",
+        "50ms",
+        "--lease-ttl",
+        "1s",
+    ];
+    let mut replicas = spawn_all(dir.path(), &upstream, &list, 1, &args);
+    // Once it has sent a few, the record says other settings.
+    let started = std::time::Instant::now();
+    while upstream.recorder().all().len() < 4 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the crawl sent nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let config = match server.query(&["KEYS", "*:config"]) {
+        Reply::Array(Some(keys)) => match keys.into_iter().next() {
+            Some(Reply::Bulk(Some(key))) => key,
+            other => panic!("no config key: {other:?}"),
+        },
+        other => panic!("KEYS: {other:?}"),
+    };
+    let other = "mode=serialized min_delay=10ms quota=off lease_ttl=1s";
+    for _ in 0..3 {
+        server.query(&["SET", &config, other, "PX", "60000"]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let replica = replicas.remove(0);
+    let mut child = replica.child;
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the crawl did not stop")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&replica.stderr.await.unwrap_or_default()).into_owned();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("other settings"), "{stderr}");
+    assert!(
+        upstream.recorder().all().len() < list.len(),
+        "every URL was sent though the scope disagreed"
+    );
+}
+
+/// `--redis-sentinel`: two replicas find the master through a Sentinel and
+/// share one serialized pace there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_pace_through_sentinel() {
+    let _turn = crate::one_at_a_time().await;
+    let set = redislimit_tests::RedisSentinel::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let sentinel = set.sentinel().url();
+    let args = [
+        "--redis-sentinel",
+        &sentinel,
+        "--redis-master",
+        set.master_name(),
+        "--min-delay",
+        "30ms",
+    ];
+    // Bodies take 60 ms, longer than the gap: only the shared
+    // serialization keeps the replicas from overlapping.
+    let list = urls(&upstream, &["a.test"], 12, "/slow?chunks=2&every=30");
+    let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
+    finish(replicas).await;
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(seen.len(), 12);
+    assert!(seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1));
+    assert_serialized(&seen, 30 * MS);
+    match set.master().query(&["DBSIZE"]) {
+        Reply::Integer(keys) => assert!(keys > 0, "nothing in the master"),
+        other => panic!("DBSIZE: {other:?}"),
+    }
+}
