@@ -159,7 +159,7 @@ fn drop_kills_the_process() {
 }
 
 #[test]
-#[should_panic(expected = "redis-server did not start")]
+#[should_panic(expected = "did not start")]
 fn a_server_that_cannot_start_fails_the_test() {
     RedisServer::start_with(&["--no-such-directive", "1"]);
 }

@@ -19,7 +19,8 @@
 //! Everything waits for its processes with a bound and panics with the server's log when
 //! they do not come up: a Redis-backed test fails, it never skips. The binaries
 //! (`redis-server`, `redis-cli`, `redis-sentinel`) must be on `PATH`; `cargo xtask test`
-//! installs them.
+//! installs them. [`SERVER_ENV`] (`REDISLIMIT_REDIS_SERVER`) names another server binary
+//! to start instead, such as a `valkey-server`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -43,7 +44,7 @@ pub use self::{
     proxy::StallProxy,
     redis_cluster::RedisCluster,
     redis_sentinel::RedisSentinel,
-    redis_server::RedisServer,
+    redis_server::{RedisServer, SERVER_ENV},
     tls::TestCa,
     upstream::Upstream,
 };

