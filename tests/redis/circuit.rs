@@ -177,10 +177,15 @@ async fn acquires_refused_by_the_circuit_send_nothing() {
 /// the response timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crowd_of_first_acquires_opens_nothing() {
-    const HOSTS: usize = 4000;
+    // Without the bound on calls in flight, 8,000 calls queue about half
+    // a second of scripts in Redis, twice the response timeout; with it, a
+    // call waits a few milliseconds there. (4,000 calls and a 100 ms
+    // timeout failed once on a busy machine: a client runtime stalled for
+    // 100 ms is not a Redis that queues.)
+    const HOSTS: usize = 8000;
     let server = RedisServer::start();
     let timeouts = redislimit::RedisTimeouts {
-        response: Duration::from_millis(100),
+        response: Duration::from_millis(250),
         ..redislimit::RedisTimeouts::default()
     };
     let pool = redislimit::RedisPool::standalone(&server.url(), timeouts).unwrap();

@@ -265,7 +265,13 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         let permit = limiter
             .acquire_with(engine, host.clone(), deadline, request)
             .await?;
-        let turn = after(Instant::now(), until_turn(gap, n, index, wall_clock()));
+        // A moment late into its turn (as late as a send through the
+        // primary may leave in it) is still the turn.
+        let late = turn_window(policies.pacing_for(host)).unwrap_or_default();
+        let turn = after(
+            Instant::now(),
+            until_turn(gap, n, index, wall_clock(), late),
+        );
         if let Some(deadline) = deadline
             && turn > deadline
         {

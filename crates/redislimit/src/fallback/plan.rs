@@ -50,9 +50,19 @@ pub(crate) trait OutagePlan: Send + Sync + fmt::Debug {
 }
 
 /// How long after `now` (the time since the Unix epoch on the wall clock,
-/// which replicas share up to their clocks' offset) the next slot of
-/// replica `index` of `n` taking turns in slots of `gap` begins.
-pub(super) fn until_turn(gap: Duration, n: u32, index: u32, now: Duration) -> Duration {
+/// which replicas share up to their clocks' offset) the turn of replica
+/// `index` of `n` taking turns in slots of `gap` comes: at once when `now`
+/// is at most `tolerance` into one of its slots, else at its next slot's
+/// start. Without the tolerance, a send that reached its turn a moment
+/// late (a timer's tick, a busy process) waited a whole period for the
+/// next, and each replica sent at half its share.
+pub(super) fn until_turn(
+    gap: Duration,
+    n: u32,
+    index: u32,
+    now: Duration,
+    tolerance: Duration,
+) -> Duration {
     let slot = gap.as_micros();
     let period = slot.saturating_mul(u128::from(n));
     if period == 0 {
@@ -61,7 +71,11 @@ pub(super) fn until_turn(gap: Duration, n: u32, index: u32, now: Duration) -> Du
     let now = now.as_micros();
     let start = slot.saturating_mul(u128::from(index)) % period;
     let since = (now % period + period - start) % period;
-    let wait = if since == 0 { 0 } else { period - since };
+    let wait = if since <= tolerance.as_micros().min(slot - 1) {
+        0
+    } else {
+        period - since
+    };
     Duration::from_micros(u64::try_from(wait).unwrap_or(u64::MAX))
 }
 
@@ -156,13 +170,37 @@ mod tests {
         // Three replicas, 100 ms slots: replica 1 owns [100, 200) of each
         // 300 ms period.
         let gap = 100 * MS;
-        assert_eq!(until_turn(gap, 3, 1, 900 * MS), 100 * MS);
-        assert_eq!(until_turn(gap, 3, 1, 1_000 * MS), Duration::ZERO);
-        assert_eq!(until_turn(gap, 3, 1, 1_001 * MS), 299 * MS);
-        assert_eq!(until_turn(gap, 3, 0, 950 * MS), 250 * MS);
+        let exact = Duration::ZERO;
+        assert_eq!(until_turn(gap, 3, 1, 900 * MS, exact), 100 * MS);
+        assert_eq!(until_turn(gap, 3, 1, 1_000 * MS, exact), Duration::ZERO);
+        assert_eq!(until_turn(gap, 3, 1, 1_001 * MS, exact), 299 * MS);
+        assert_eq!(until_turn(gap, 3, 0, 950 * MS, exact), 250 * MS);
         // No gap, or nobody to take turns with.
-        assert_eq!(until_turn(Duration::ZERO, 3, 1, 1_000 * MS), Duration::ZERO);
-        assert_eq!(until_turn(gap, 0, 0, 1_000 * MS), Duration::ZERO);
+        assert_eq!(
+            until_turn(Duration::ZERO, 3, 1, 1_000 * MS, exact),
+            Duration::ZERO
+        );
+        assert_eq!(until_turn(gap, 0, 0, 1_000 * MS, exact), Duration::ZERO);
+    }
+
+    /// Regression: a send a moment into its turn waited a whole period.
+    #[test]
+    fn a_send_a_moment_into_its_turn_goes_at_once() {
+        let gap = 100 * MS;
+        let late = 10 * MS;
+        let micro = Duration::from_micros(1);
+        assert_eq!(
+            until_turn(gap, 3, 1, 1_000 * MS + micro, late),
+            Duration::ZERO
+        );
+        assert_eq!(until_turn(gap, 3, 1, 1_010 * MS, late), Duration::ZERO);
+        assert_eq!(
+            until_turn(gap, 3, 1, 1_010 * MS + micro, late),
+            290 * MS - micro
+        );
+        // Never into the next replica's slot, whatever the tolerance.
+        assert_eq!(until_turn(gap, 3, 1, 1_099 * MS, gap * 5), Duration::ZERO);
+        assert_eq!(until_turn(gap, 3, 1, 1_100 * MS, gap * 5), 200 * MS);
     }
 
     proptest! {
@@ -179,7 +217,7 @@ mod tests {
             let period = gap * n;
             let mut starts: Vec<u128> = (0..n)
                 .map(|index| {
-                    let wait = until_turn(gap, n, index, now);
+                    let wait = until_turn(gap, n, index, now, Duration::ZERO);
                     assert!(wait < period, "{wait:?} >= {period:?}");
                     let start = (now + wait).as_micros();
                     // On the replica's own slot of its period.
