@@ -241,3 +241,64 @@ async fn a_request_sent_during_the_outage_counts_once_redis_is_back() {
         );
     }
 }
+
+/// Regression: Redis came back (empty, after a restart) while the replica
+/// that served a host during the outage had a request in flight there and
+/// had not noticed yet (its circuit probes once a second); a replica that
+/// had deferred the host asked Redis, which knew nothing of that request,
+/// and was admitted beside it. Now a replica's first admission for a host
+/// it deferred waits until the serving replica has noticed Redis and told
+/// it what it sent (or until that no longer matters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_back_empty_does_not_admit_beside_the_outage_owner() {
+    let server = RedisServer::start();
+    let gap = 100 * MS;
+    let all = replicas(&server, gap, 0, FallbackPolicy::Partition).await;
+    server.kill();
+    // A host the first replica serves during the outage, which the second
+    // defers.
+    let soon = || Some(tokio::time::Instant::now() + Duration::from_millis(300));
+    let mut owned = None;
+    for i in 0..32 {
+        let name = format!("h{i}.restart.test");
+        if let Ok(permit) = all[0].acquire_host("t", host(&name), soon()).await {
+            drop(permit);
+            let deferred = all[1].acquire_host("t", host(&name), soon()).await;
+            assert!(
+                matches!(deferred, Err(Error::WaitBudget { .. })),
+                "{name}: served by two replicas during the outage: {deferred:?}"
+            );
+            owned = Some(name);
+            break;
+        }
+    }
+    let name = owned.expect("the first replica serves one of 32 hosts");
+    // Every circuit is due for its probe; the owner's fails now, so it
+    // will not notice Redis for a second, and sends in-process.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let recorder = Arc::new(Recorder::new());
+    let permit = bounded(5, all[0].acquire_host("t", host(&name), None))
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let (rec, hold_name) = (Arc::clone(&recorder), name.clone());
+    let owner = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        rec.record(&hold_name, 0, sent, Instant::now());
+        drop(permit);
+    });
+    server.restart();
+    // The deferring replica notices Redis first (its heartbeat could).
+    bounded(5, all[1].primary().ping()).await.unwrap();
+    let permit = bounded(10, all[1].acquire_host("t", host(&name), None))
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    recorder.record(&name, 1, sent, Instant::now());
+    drop(permit);
+    owner.await.unwrap();
+    let mut seen = recorder.host(&name);
+    seen.sort_by_key(|r| r.send);
+    assert_serialized(&seen, gap - 5 * MS);
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::adoption::{Adopted, Adoptee, Adoptions};
+use super::adoption::{Adopted, Adoptee, Adoptions, Deferred, SETTLE};
 use super::plan::{DEFER_RETRY, OutagePlan, Plan, turn_window, until_turn, wall_clock};
 use super::shares::Shares;
 use crate::hooks::WaitReport;
@@ -26,6 +26,7 @@ pub(super) struct Acquire<'a, P> {
     pub(super) outage: Option<&'a dyn OutagePlan>,
     pub(super) shares: &'a Shares,
     pub(super) adoptions: &'a Arc<Adoptions>,
+    pub(super) deferred: &'a Deferred,
     pub(super) degraded: &'a AtomicBool,
 }
 
@@ -114,6 +115,26 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                         shared.abandon();
                         continue;
                     }
+                    if self.deferred.take(&key) {
+                        // The first admission since this replica deferred
+                        // the host: the replica that served it may still
+                        // be sending in-process, unseen by a primary that
+                        // came back empty. Given back; asked for again
+                        // once that replica has had time to tell it.
+                        shared.abandon();
+                        let settled = after(Instant::now(), SETTLE);
+                        if let Some(deadline) = deadline
+                            && settled > deadline
+                        {
+                            self.deferred.add(&key);
+                            tokio::time::sleep_until(deadline).await;
+                            let now = Instant::now();
+                            return Err(report.over_budget(settled, deadline, now));
+                        }
+                        tracing::debug!(host = %host, "the primary answers again: waiting for the replica that served the host during the outage");
+                        tokio::time::sleep_until(settled).await;
+                        continue;
+                    }
                     let share = turn.and_then(|(_, turn)| turn.take());
                     // The request leaves now, perhaps long after the
                     // local admission (the primary may have made it
@@ -176,6 +197,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             drop(local);
             if plan == Plan::Defer {
                 // Another replica serves this host during the outage.
+                self.deferred.add(&key);
                 let retry = after(now, DEFER_RETRY);
                 match deadline {
                     Some(deadline) if retry >= deadline => {
@@ -297,6 +319,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         local: Option<Permit>,
         share: Option<Permit>,
     ) -> Permit {
+        let gap = self.fallback.policies().pacing_for(&host).min_delay();
         let adoptee = Arc::new(Adoptee {
             key: self.fallback.policies().key(&host),
             host: host.clone(),
@@ -307,17 +330,29 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         self.adoptions.add(Arc::clone(&adoptee), self.primary);
         let parts = Arc::new(Mutex::new(Some((adoptee, share, local))));
         let back = Arc::clone(&parts);
-        let take = |parts: &Mutex<Option<_>>| {
+        // Nothing is left to count in the primary once the request ends,
+        // but its end: until a gap after it, the primary (back, perhaps
+        // empty) holds the host when told (`Adopted::Trace`); a request
+        // never sent leaves nothing.
+        let take = move |parts: &Mutex<Option<_>>, sent: bool| {
             let taken = parts.lock().unwrap_or_else(PoisonError::into_inner).take();
             taken.map(|(adoptee, share, local): (Arc<Adoptee>, _, _)| {
-                // Nothing is left to count in the primary.
-                drop(std::mem::replace(&mut *adoptee.lock(), Adopted::Done));
+                let mut state = adoptee.lock();
+                let counted = matches!(*state, Adopted::Held { .. } | Adopted::Done);
+                let end = if sent && !counted && !gap.is_zero() {
+                    Adopted::Trace {
+                        not_before: after(Instant::now(), gap),
+                    }
+                } else {
+                    Adopted::Done
+                };
+                drop(std::mem::replace(&mut *state, end));
                 (share, local)
             })
         };
         let key = self.fallback.policies().key(&host);
-        Permit::new(key, waited, move || drop(take(&parts))).on_abandon(move || {
-            if let Some((share, local)) = take(&back) {
+        Permit::new(key, waited, move || drop(take(&parts, true))).on_abandon(move || {
+            if let Some((share, local)) = take(&back, false) {
                 share.into_iter().chain(local).for_each(Permit::abandon);
             }
         })

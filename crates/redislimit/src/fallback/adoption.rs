@@ -14,6 +14,46 @@ use crate::{HostKey, Limiter, Permit};
 /// the primary again while it is away.
 pub(super) const ADOPT_RETRY: Duration = Duration::from_millis(100);
 
+/// How long a replica's first admission by the primary for a host it
+/// deferred during an outage waits (it is given back, and asked for again
+/// after this): the replica that served the host may not have noticed the
+/// primary's return yet (its circuit or its heartbeat finds it within a
+/// second), and until it has offered its requests in flight (within
+/// [`ADOPT_RETRY`] after that) a primary that came back empty knows nothing
+/// of them.
+pub(super) const SETTLE: Duration = Duration::from_millis(1300);
+
+/// The hosts (keys) this replica deferred to another replica during an
+/// outage and has not been admitted to by the primary since.
+#[derive(Debug, Default)]
+pub(super) struct Deferred {
+    keys: Mutex<std::collections::HashSet<HostKey>>,
+    /// Whether `keys` holds any (read on every admission).
+    any: AtomicBool,
+}
+
+impl Deferred {
+    /// `key` was deferred to another replica.
+    pub(super) fn add(&self, key: &HostKey) {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if !keys.contains(key) {
+            keys.insert(key.clone());
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Whether `key` was deferred (and not admitted since): forgets it.
+    pub(super) fn take(&self, key: &HostKey) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = keys.remove(key);
+        self.any.store(!keys.is_empty(), Ordering::Release);
+        taken
+    }
+}
+
 /// Requests admitted in-process during an outage and still in flight,
 /// which the primary has not counted yet.
 #[derive(Debug, Default)]
@@ -48,6 +88,13 @@ pub(super) enum Adopted {
     Held {
         /// Released when dropped.
         _permit: Permit,
+    },
+    /// Ended before the primary counted it: until `not_before` (a gap
+    /// after its end), the primary is told to hold the host, so that a
+    /// primary back without its state admits nobody too close to it.
+    Trace {
+        /// When the host may be sent to again after this request.
+        not_before: Instant,
     },
     /// Released, or nothing to count it in.
     Done,
@@ -94,12 +141,25 @@ impl Adoptions {
             .cloned()
             .collect();
         for adoptee in candidates {
-            {
+            let traced = {
                 let mut state = adoptee.lock();
-                if !matches!(*state, Adopted::Pending) {
-                    continue;
+                match *state {
+                    Adopted::Trace { not_before } => {
+                        *state = Adopted::Done;
+                        Some(not_before)
+                    }
+                    Adopted::Pending => {
+                        *state = Adopted::Offering;
+                        None
+                    }
+                    _ => continue,
                 }
-                *state = Adopted::Offering;
+            };
+            if let Some(not_before) = traced {
+                if !trace(primary, &adoptee, not_before).await {
+                    break;
+                }
+                continue;
             }
             // Put back to pending if this offer is dropped before it ends.
             let offering = Offering(&adoptee);
@@ -133,8 +193,37 @@ impl Adoptions {
             }
         }
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.retain(|a| matches!(*a.lock(), Adopted::Pending | Adopted::Offering));
+        pending.retain(|a| {
+            matches!(
+                *a.lock(),
+                Adopted::Pending | Adopted::Offering | Adopted::Trace { .. }
+            )
+        });
         self.count.store(pending.len(), Ordering::SeqCst);
+    }
+}
+
+/// Tells `primary` to hold `adoptee`'s host until `not_before` (its
+/// request ended before the primary counted it). False when the primary
+/// is unavailable: the trace is put back, to be told again.
+async fn trace<P: Limiter>(primary: &P, adoptee: &Adoptee, not_before: Instant) -> bool {
+    let hold = not_before.saturating_duration_since(Instant::now());
+    if hold.is_zero() {
+        return true;
+    }
+    match primary.penalize_host(adoptee.host.clone(), hold).await {
+        Ok(()) => true,
+        Err(err) if err.is_unavailable() => {
+            let mut state = adoptee.lock();
+            if matches!(*state, Adopted::Done) {
+                *state = Adopted::Trace { not_before };
+            }
+            false
+        }
+        Err(err) => {
+            tracing::warn!(host = %adoptee.host, error = %crate::error::Causes(&err), "a request sent in-process could not be recorded in the shared limiter");
+            true
+        }
     }
 }
 

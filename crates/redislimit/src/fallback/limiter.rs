@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::acquire::Acquire;
-use super::adoption::Adoptions;
+use super::adoption::{Adoptions, Deferred};
 use super::plan::OutagePlan;
 use super::shares::Shares;
 use crate::limiter::sealed;
@@ -75,6 +75,8 @@ pub struct FallbackLimiter<P> {
     /// Requests admitted in-process during an outage, still to be counted
     /// in the primary once it answers.
     adoptions: Arc<Adoptions>,
+    /// Hosts deferred to another replica during an outage.
+    deferred: Arc<Deferred>,
     /// Set by [`Limiter::close`]; wakes the acquires under way.
     closing: Arc<Closing>,
     /// Whether the latest decision was the fallback's (the primary failed).
@@ -97,6 +99,7 @@ impl<P> Clone for FallbackLimiter<P> {
             outage: self.outage.clone(),
             shares: Arc::clone(&self.shares),
             adoptions: Arc::clone(&self.adoptions),
+            deferred: Arc::clone(&self.deferred),
             closing: Arc::clone(&self.closing),
             degraded: Arc::clone(&self.degraded),
         }
@@ -114,6 +117,7 @@ impl<P: Limiter> FallbackLimiter<P> {
             outage: None,
             shares: Arc::default(),
             adoptions: Arc::default(),
+            deferred: Arc::default(),
             closing: Arc::default(),
             degraded: Arc::default(),
         }
@@ -182,6 +186,7 @@ impl<P: Limiter + 'static> FallbackLimiter<P> {
             outage: self.outage.as_deref(),
             shares: &self.shares,
             adoptions: &self.adoptions,
+            deferred: &self.deferred,
             degraded: &self.degraded,
         }
     }
