@@ -89,3 +89,56 @@ async fn a_drained_scope_takes_the_new_settings() {
         "an old replica paced beside the new settings: {back:?}"
     );
 }
+
+/// A task acquiring for `name` through `limiter` every 50 ms, as a crawl in
+/// use does (whatever each acquire answers).
+fn in_use(
+    limiter: &std::sync::Arc<RedisLimiter>,
+    name: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    let limiter = std::sync::Arc::clone(limiter);
+    tokio::spawn(async move {
+        loop {
+            let soon = tokio::time::Instant::now() + Duration::from_millis(200);
+            let _ = limiter.acquire_host("t", host(name), Some(soon)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// Regression: after Redis restarted empty, a replica started with other
+/// settings recorded them first; the replicas already running were then
+/// refused mid-crawl (and paced beside it until they found out). Now a
+/// replica in use puts its record back within a heartbeat of seeing it
+/// gone or displaced, and the newcomer is the one refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_lost_with_redis_is_put_back_and_the_newcomer_refused() {
+    let server = RedisServer::start();
+    let old = std::sync::Arc::new(with(&server, 100 * MS, 1));
+    let old_crawl = in_use(&old, "a.test");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    old.check_config().await.unwrap();
+    server.restart();
+    // The newcomer reaches the empty Redis first, records its settings,
+    // and crawls too.
+    let new = std::sync::Arc::new(with(&server, 50 * MS, 1));
+    bounded(5, new.check_config()).await.unwrap();
+    let new_crawl = in_use(&new, "b.test");
+    // Within a few heartbeats the running replica has put its record back.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    old_crawl.abort();
+    new_crawl.abort();
+    bounded(5, old.check_config())
+        .await
+        .expect("the replica already running keeps the scope");
+    assert_mismatch(
+        new.check_config().await,
+        "min_delay=50ms",
+        "min_delay=100ms",
+    );
+    let refused = new.acquire_host("t", host("b.test"), None).await;
+    assert!(
+        matches!(refused, Err(Error::ConfigMismatch { .. })),
+        "{refused:?}"
+    );
+}

@@ -71,8 +71,9 @@ pub(super) async fn acquire(
     args.weight = request
         .check_weight(&key, args.mode.in_flight(), args.quota)
         .map_err(|e| report.fail(e))?;
+    core.agreement.touch();
     core.registry
-        .ensure_heartbeat(&core.backend, &core.lifecycle);
+        .ensure_heartbeat(&core.backend, &core.lifecycle, &core.agreement);
     if backend.circuit().waiting() {
         report.abandon();
         return Err(CallError::Skipped.into_error(Op::Acquire));

@@ -45,14 +45,21 @@ use crate::{Error, Hooks, KeyBy, Op, Policies};
 #[derive(Debug)]
 pub(super) struct Agreement {
     key: String,
+    /// When the record's settings were first recorded (see agree.lua).
+    since_key: String,
     /// `prefix:scope`, as a mismatch names it.
     scope: String,
     /// This limiter's settings, as recorded.
     settings: String,
     /// How long the record outlives the last replica that confirmed it.
     ttl: Duration,
-    /// When this limiter last saw the record hold its settings.
-    confirmed: Mutex<Option<Instant>>,
+    /// When this limiter last saw the record hold its settings, and the
+    /// record's `since` then; `None` once it saw other settings there.
+    confirmed: Mutex<Option<(Instant, u64)>>,
+    /// When this limiter last acquired (µs since `epoch`), whether Redis
+    /// answered or not: a limiter in use keeps its record (see `claim`).
+    active_us: std::sync::atomic::AtomicU64,
+    epoch: Instant,
     /// Held while the record is asked for: a crowd of acquires that find
     /// no fresh confirmation (a crawl's first acquire per host, all at
     /// once) sends one call, not one each.
@@ -121,10 +128,13 @@ impl Agreement {
             .unwrap_or_default();
         Self {
             key: RedisKeys::config(prefix, scope),
+            since_key: RedisKeys::config_since(prefix, scope),
             scope: format!("{prefix}:{scope}"),
             settings,
             ttl: longest.saturating_add(Duration::from_secs(1)),
             confirmed: Mutex::new(None),
+            active_us: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
             asking: tokio::sync::Mutex::new(()),
             failed: Mutex::new(None),
         }
@@ -141,15 +151,60 @@ impl Agreement {
             .confirmed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        confirmed.is_some_and(|at| now < after(at, self.ttl / 2))
+        confirmed.is_some_and(|(at, _)| now < after(at, self.ttl / 2))
     }
 
-    fn confirm(&self, at: Instant) {
+    /// This limiter acquires now (whether Redis answers or not).
+    /// After an idle spell at least as long as the record's life, what it
+    /// agreed with before is no claim any more (the record may have lapsed
+    /// as the agreement intends, and other settings taken the scope).
+    pub(super) fn touch(&self) {
+        let us = u64::try_from(self.epoch.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let before = self
+            .active_us
+            .swap(us, std::sync::atomic::Ordering::Relaxed);
+        if before != 0 && Duration::from_micros(us.saturating_sub(before)) >= self.ttl {
+            self.unconfirm();
+        }
+    }
+
+    /// The `since` of the record this limiter agreed with, while it is in
+    /// use (it acquired within the record's life, whether Redis answered or
+    /// not: its record would still be there had Redis kept it) and was not
+    /// refused since; 0 otherwise, as for a limiter idle longer than that,
+    /// whose record may have expired as the agreement intends.
+    fn claim(&self, now: Instant) -> u64 {
+        let active_us = self.active_us.load(std::sync::atomic::Ordering::Relaxed);
+        let idle = now
+            .saturating_duration_since(self.epoch)
+            .saturating_sub(Duration::from_micros(active_us));
+        if active_us == 0 || idle >= self.ttl {
+            return 0;
+        }
+        let confirmed = *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        confirmed.map_or(0, |(_, since)| since)
+    }
+
+    fn confirm(&self, at: Instant, since: u64) {
         *self
             .confirmed
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((at, since));
         self.fail(None);
+    }
+
+    /// The record holds other settings: nothing admits on the last
+    /// confirmation any more.
+    fn unconfirm(&self) {
+        *self
+            .confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     fn fail(&self, failed: Option<Failed>) {
@@ -181,6 +236,19 @@ impl Agreement {
         hooks: &dyn Hooks,
         force: bool,
     ) -> Result<(), Error> {
+        self.ask(backend, hooks, force, true).await
+    }
+
+    /// [`agree`](Self::agree); `extend` extends the record's life (else a
+    /// record of these settings is left as it is, and only a missing or
+    /// displaced one put back).
+    async fn ask(
+        &self,
+        backend: &Backend,
+        hooks: &dyn Hooks,
+        force: bool,
+        extend: bool,
+    ) -> Result<(), Error> {
         let started = Instant::now();
         if !force && self.fresh(started) {
             return Ok(());
@@ -202,7 +270,12 @@ impl Agreement {
             None => {}
         }
         let ttl_us = self.ttl.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
-        let reply = match backend.agree(&self.key, &self.settings, ttl_us).await {
+        let claim = self.claim(asked);
+        let keys = [self.key.as_str(), self.since_key.as_str()];
+        let reply = match backend
+            .agree(keys, &self.settings, ttl_us, claim, extend)
+            .await
+        {
             Ok(reply) => reply,
             Err(e) => {
                 let err = e.into_error(Op::Acquire);
@@ -215,11 +288,15 @@ impl Agreement {
             }
         };
         match reply {
-            Reply::Agreed => {
-                self.confirm(asked);
+            Reply::Agreed { since, back } => {
+                if back {
+                    tracing::warn!(scope = %self.scope, "the scope's configuration record was missing or held settings recorded after ours (Redis lost it: a restart, a failover, a flush); ours is back, and replicas started meanwhile with other settings are refused");
+                }
+                self.confirm(asked, since);
                 Ok(())
             }
             Reply::Theirs(theirs) => {
+                self.unconfirm();
                 self.fail(Some(Failed::Mismatch(theirs.clone())));
                 let err = self.mismatch(theirs);
                 tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch");
@@ -227,6 +304,18 @@ impl Agreement {
                 Err(err)
             }
         }
+    }
+
+    /// Confirms the record again if this limiter agreed with it lately
+    /// (from the heartbeat): a record Redis lost is put back within a
+    /// heartbeat, before a replica with other settings can hold the scope
+    /// for long. A limiter that never agreed, or was refused, leaves it to
+    /// its acquires (which report what they find).
+    pub(super) async fn keep(&self, backend: &Backend) {
+        if self.claim(Instant::now()) == 0 || backend.circuit().waiting() {
+            return;
+        }
+        let _ = self.ask(backend, &crate::hooks::NoHooks, true, false).await;
     }
 
     /// The error of a record that holds `theirs`, other settings than ours.

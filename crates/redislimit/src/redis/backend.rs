@@ -256,14 +256,16 @@ impl Backend {
         self.observe(gap)
     }
 
-    /// agree.lua on the scope's record `key`.
+    /// agree.lua on the scope's record `keys` (the record and its `since`).
     pub(super) async fn agree(
         &self,
-        key: &str,
+        keys: [&str; 2],
         settings: &str,
         ttl_us: u64,
+        claim: u64,
+        extend: bool,
     ) -> Result<agree::Reply, CallError> {
-        let reply = agree::run(&self.redis, key, settings, ttl_us).await;
+        let reply = agree::run(&self.redis, keys, settings, ttl_us, claim, extend).await;
         self.observe(reply)
     }
 

@@ -267,13 +267,13 @@ impl RedisLimiterBuilder {
                 .with_max_queued(pacing.max_queued())
         });
         let pollers = policies.map(|_, _| Pacing::default());
-        let agreement = Agreement::new(
+        let agreement = Arc::new(Agreement::new(
             &self.prefix,
             &self.scope,
             &policies,
             |i| args[i].mode,
             self.lease_ttl,
-        );
+        ));
         let registry = Arc::new(Registry::new(&self.prefix, &self.scope));
         let settings = Settings {
             prefix: self.prefix,

@@ -22,7 +22,7 @@ pub(super) struct Core {
     pub(super) hooks: Arc<dyn Hooks>,
     pub(super) queues: Queues,
     /// This limiter's part in its scope's configuration record.
-    pub(super) agreement: Agreement,
+    pub(super) agreement: Arc<Agreement>,
     /// This limiter's entry in its scope's replica registry.
     pub(super) registry: Arc<Registry>,
     /// The first renewals of the permits held, not yet due.

@@ -49,6 +49,12 @@ impl RedisKeys {
         format!("{prefix}:{scope}:{{{}}}:config", tag(&[prefix, scope]))
     }
 
+    /// When the settings in [`config`](Self::config) were first recorded
+    /// (a STRING of µs on the server's clock), under the same hash tag.
+    pub(crate) fn config_since(prefix: &str, scope: &str) -> String {
+        format!("{}:since", Self::config(prefix, scope))
+    }
+
     /// The registry of the replicas of `scope` under `prefix` (a ZSET of
     /// replica id to expiry), under a hash tag of its own.
     pub(crate) fn replicas(prefix: &str, scope: &str) -> String {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use super::agreement::Agreement;
 use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
@@ -71,6 +72,7 @@ impl Registry {
         self: &Arc<Self>,
         backend: &Arc<Backend>,
         lifecycle: &Arc<Lifecycle>,
+        agreement: &Arc<Agreement>,
     ) {
         if self.beating.load(Ordering::Relaxed) || self.beating.swap(true, Ordering::AcqRel) {
             return;
@@ -79,6 +81,7 @@ impl Registry {
             Arc::downgrade(self),
             Arc::downgrade(backend),
             Arc::clone(lifecycle),
+            Arc::downgrade(agreement),
         ));
     }
 
@@ -172,9 +175,19 @@ pub(super) fn plan_for(
     }
 }
 
-async fn heartbeat(registry: Weak<Registry>, backend: Weak<Backend>, lifecycle: Arc<Lifecycle>) {
+/// Every [`HEARTBEAT`]: renews this replica's entry and reads the others',
+/// and confirms the scope's configuration record, which puts it back
+/// within a heartbeat when Redis lost it (see `agreement.rs`).
+async fn heartbeat(
+    registry: Weak<Registry>,
+    backend: Weak<Backend>,
+    lifecycle: Arc<Lifecycle>,
+    agreement: Weak<Agreement>,
+) {
     loop {
-        let (Some(registry), Some(backend)) = (registry.upgrade(), backend.upgrade()) else {
+        let (Some(registry), Some(backend), Some(agreement)) =
+            (registry.upgrade(), backend.upgrade(), agreement.upgrade())
+        else {
             return;
         };
         if lifecycle.is_closed() {
@@ -182,7 +195,9 @@ async fn heartbeat(registry: Weak<Registry>, backend: Weak<Backend>, lifecycle: 
             return;
         }
         registry.beat(&backend).await;
-        drop((registry, backend));
+        // Bounded, so a pool without timeouts cannot stop the heartbeat.
+        let _ = tokio::time::timeout(HEARTBEAT, agreement.keep(&backend)).await;
+        drop((registry, backend, agreement));
         tokio::time::sleep(HEARTBEAT).await;
     }
 }
