@@ -250,3 +250,39 @@ async fn a_redis_restarted_empty_keeps_each_hosts_serialized_gap() {
         }
     }
 }
+
+/// Redis restarted empty under two replicas at 100 ms; a third started at
+/// once with `--min-delay 40ms` records its settings first. Before: it was
+/// accepted, paced beside the others for seconds, and then the two
+/// original replicas were refused mid-crawl and exited 0. Now the original
+/// replicas put their record back within a heartbeat or two: the newcomer
+/// is refused (exit 2, naming both settings) and the others finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_newcomer_with_other_settings_is_refused() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let list = urls(&upstream, &crate::HOSTS, 30, "/slow?chunks=2&every=10");
+    let args = ["--redis", &server.url(), "--min-delay", "100ms", "--lease-ttl", "1s"];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    server.restart();
+    let newcomer_urls = urls(&upstream, &["d.test"], 40, "/");
+    let newcomer_args = ["--redis", &server.url(), "--min-delay", "40ms", "--lease-ttl", "1s"];
+    let newcomer = crate::spawn(dir.path(), 9, &upstream, &newcomer_urls, &newcomer_args);
+    // The original replicas finish their crawl, exiting 0.
+    finish(replicas).await;
+    let mut child = newcomer.child;
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the newcomer did not stop")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&newcomer.stderr.await.unwrap_or_default()).into_owned();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("min_delay=100ms"), "{stderr}");
+    assert!(
+        upstream.recorder().host("d.test").len() < newcomer_urls.len(),
+        "the newcomer crawled everything beside replicas with other settings"
+    );
+}
