@@ -2,7 +2,7 @@
 //! Sentinel, including a failover mid-run.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redislimit::{Limiter, RedisLimiter, RedisPool, RedisTimeouts};
 use redislimit_tests::record::{assert_serialized, max_in_flight, min_send_gap};
@@ -200,4 +200,110 @@ async fn cluster_keeps_quota_penalty_and_cancellation() {
     let soon = Some(tokio::time::Instant::now() + 500 * MS);
     let p = serialized.acquire_host("t", host("d.test"), soon).await;
     assert!(p.is_ok(), "a dropped acquire left d.test booked: {p:?}");
+}
+
+/// Regression: one circuit for the whole limiter sent every host to the
+/// fallback when one Cluster master died, so hosts on the healthy masters
+/// dropped to their outage share (half the rate with two replicas). Each
+/// master now has a circuit of its own: with one master killed (and the
+/// cluster serving the slots it still covers), a host on a healthy master
+/// keeps its whole rate through Redis, and its gap, while a host on the
+/// dead master carries on in the fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_sends_only_its_own_hosts_to_the_fallback() {
+    use redislimit::{Error, FallbackPolicy};
+    use redislimit_tests::keys::HostKeys;
+    use redislimit_tests::record::{Recorder, max_in_window};
+
+    let cluster = RedisCluster::start();
+    for node in cluster.nodes() {
+        node.query(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    let gap = 100 * MS;
+    let name_on = |pick: &dyn Fn(u16) -> bool| {
+        (0..200)
+            .map(|i| format!("h{i}.nodes.test"))
+            .find(|name| pick(cluster.key_slot(&HostKeys::of("test", name).gate)))
+            .expect("a host in 200")
+    };
+    let dead_host = name_on(&|_| true);
+    let dead_master = cluster.master_of(&HostKeys::of("test", &dead_host).gate);
+    let healthy_host = name_on(&|slot| !std::ptr::eq(cluster.master_of_slot(slot), dead_master));
+    let replicas: Vec<_> = (0..2)
+        .map(|_| {
+            Arc::new(
+                limiter(
+                    cluster_pool(&cluster),
+                    |p| p.min_delay(gap),
+                    |b| {
+                        b.cluster_concurrency(2)
+                            .fallback_policy(FallbackPolicy::Share)
+                    },
+                )
+                .with_fallback(),
+            )
+        })
+        .collect();
+    // Registered, and the slot map read (both from the heartbeat).
+    for l in &replicas {
+        for name in [&dead_host, &healthy_host] {
+            drop(
+                bounded(5, l.acquire_host("t", host(name), None))
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let recorder = Arc::new(Recorder::new());
+    dead_master.kill();
+    let killed = Instant::now();
+    let stop = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut tasks = Vec::new();
+    for (replica, l) in replicas.iter().enumerate() {
+        for name in [&dead_host, &healthy_host, &healthy_host] {
+            let (l, recorder, name) = (Arc::clone(l), Arc::clone(&recorder), name.clone());
+            tasks.push(tokio::spawn(async move {
+                while tokio::time::Instant::now() < stop {
+                    match l.acquire_host("t", host(&name), Some(stop)).await {
+                        Ok(permit) => {
+                            let send = Instant::now();
+                            tokio::time::sleep(10 * MS).await;
+                            recorder.record(&name, replica, send, Instant::now());
+                            drop(permit);
+                        }
+                        Err(Error::WaitBudget { .. }) => {}
+                        Err(err) => panic!("{name}: {err:?}"),
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        bounded(30, task).await.unwrap();
+    }
+    // From once the first calls to the dead master have timed out.
+    let since = killed + Duration::from_millis(1500);
+    let healthy: Vec<_> = recorder
+        .host(&healthy_host)
+        .into_iter()
+        .filter(|r| r.send >= since)
+        .collect();
+    let window = Duration::from_millis(3400);
+    let whole = (window.as_micros() / gap.as_micros()) as usize;
+    assert!(
+        healthy.len() * 10 >= whole * 8,
+        "{} sends to a host on a healthy master in {window:?}; its whole rate is {whole}",
+        healthy.len()
+    );
+    let peak = max_in_window(&healthy, Duration::from_secs(1) - 5 * MS);
+    assert!(peak <= 11, "{peak} sends in 1 s at a 100 ms gap");
+    // Through Redis all along: every gap kept (going back and forth between
+    // Redis and the outage's turns, replicas sent closer than that).
+    let closest = min_send_gap(&healthy);
+    assert!(closest + 5 * MS >= gap, "two sends {closest:?} apart");
+    assert!(
+        recorder.host(&dead_host).iter().any(|r| r.send >= since),
+        "the dead master's host was not served by the fallback"
+    );
 }

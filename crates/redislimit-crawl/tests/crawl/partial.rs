@@ -264,12 +264,26 @@ async fn after_a_restart_the_newcomer_with_other_settings_is_refused() {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let list = urls(&upstream, &crate::HOSTS, 30, "/slow?chunks=2&every=10");
-    let args = ["--redis", &server.url(), "--min-delay", "100ms", "--lease-ttl", "1s"];
+    let args = [
+        "--redis",
+        &server.url(),
+        "--min-delay",
+        "100ms",
+        "--lease-ttl",
+        "1s",
+    ];
     let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     server.restart();
     let newcomer_urls = urls(&upstream, &["d.test"], 40, "/");
-    let newcomer_args = ["--redis", &server.url(), "--min-delay", "40ms", "--lease-ttl", "1s"];
+    let newcomer_args = [
+        "--redis",
+        &server.url(),
+        "--min-delay",
+        "40ms",
+        "--lease-ttl",
+        "1s",
+    ];
     let newcomer = crate::spawn(dir.path(), 9, &upstream, &newcomer_urls, &newcomer_args);
     // The original replicas finish their crawl, exiting 0.
     finish(replicas).await;

@@ -74,7 +74,10 @@ pub(super) async fn acquire(
     core.agreement.touch();
     core.registry
         .ensure_heartbeat(&core.backend, &core.lifecycle, &core.agreement);
-    if backend.circuit().waiting() {
+    let keys = Arc::new(settings.keys(&host));
+    // For a Cluster, the circuit of the node serving the host.
+    let circuit = backend.circuit(&keys.gate);
+    if circuit.waiting() {
         report.abandon();
         return Err(CallError::Skipped.into_error(Op::Acquire));
     }
@@ -118,7 +121,7 @@ pub(super) async fn acquire(
         .await
         .map_err(|e| report.fail(e))?;
     let mut ticket = Ticket {
-        keys: Arc::new(settings.keys(&host)),
+        keys,
         token: new_token(),
         args,
     };
@@ -144,7 +147,7 @@ pub(super) async fn acquire(
         // side effect, so that a circuit held open fails at once rather than
         // after a turn; once the turn is had, for real (a caller let through
         // then is the probe).
-        if backend.circuit().waiting() {
+        if circuit.waiting() {
             report.abandon();
             return Err(CallError::Skipped.into_error(Op::Acquire));
         }
@@ -156,7 +159,7 @@ pub(super) async fn acquire(
             return Err(report.over_budget(now, deadline.unwrap_or(now), now));
         };
         let turn = turn.ok_or(Error::Closed).map_err(|e| report.fail(e))?;
-        if backend.circuit().open() {
+        if circuit.open() {
             report.abandon();
             return Err(CallError::Skipped.into_error(Op::Acquire));
         }

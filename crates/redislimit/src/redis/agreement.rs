@@ -261,7 +261,7 @@ impl Agreement {
         if !force && self.fresh(asked) {
             return Ok(());
         }
-        if !force && backend.circuit().waiting() {
+        if !force && backend.circuit(&self.key).waiting() {
             return Err(CallError::Skipped.into_error(Op::Acquire));
         }
         match self.failed_since(started).filter(|_| !force) {
@@ -281,7 +281,7 @@ impl Agreement {
                 let err = e.into_error(Op::Acquire);
                 // Not answering opened the circuit, which holds off the
                 // waiters; an error reply (READONLY, say) is remembered.
-                if !backend.circuit().waiting() {
+                if !backend.circuit(&self.key).waiting() {
                     self.fail(Some(Failed::Answer(crate::error::Causes(&err).to_string())));
                 }
                 return Err(err);
@@ -312,7 +312,7 @@ impl Agreement {
     /// for long. A limiter that never agreed, or was refused, leaves it to
     /// its acquires (which report what they find).
     pub(super) async fn keep(&self, backend: &Backend) {
-        if self.claim(Instant::now()) == 0 || backend.circuit().waiting() {
+        if self.claim(Instant::now()) == 0 || backend.circuit(&self.key).waiting() {
             return;
         }
         let _ = self.ask(backend, &crate::hooks::NoHooks, true, false).await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use super::circuit::Circuit;
+use super::circuit::{Circuit, Circuits};
 use super::clock::{RedisClock, RoundTrip};
 use super::keys::RedisKeys;
 use super::pool::{Connections, QueryError, RedisPool};
@@ -86,7 +86,7 @@ impl CallError {
 /// The connection to Redis of one limiter, and the state of the way there.
 pub(super) struct Backend {
     redis: Connections,
-    circuit: Circuit,
+    circuits: Circuits,
     acquires: Semaphore,
     releases: Semaphore,
     /// Where this process's clock stands against Redis `TIME`.
@@ -99,7 +99,7 @@ impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Backend")
             .field("pool", self.redis.pool())
-            .field("circuit", &self.circuit)
+            .field("circuits", &self.circuits)
             .finish_non_exhaustive()
     }
 }
@@ -107,8 +107,8 @@ impl std::fmt::Debug for Backend {
 impl Backend {
     pub(super) fn new(pool: RedisPool) -> Self {
         Self {
+            circuits: Circuits::new(pool.is_cluster()),
             redis: Connections::new(pool),
-            circuit: Circuit::new(),
             acquires: Semaphore::new(MAX_CALLS),
             releases: Semaphore::new(MAX_CALLS),
             clock: RedisClock::default(),
@@ -121,10 +121,35 @@ impl Backend {
         self.redis.pool()
     }
 
-    /// Whether Redis is skipped for now after it failed to answer (see
-    /// [`Circuit::open`]: a caller may be chosen to probe it).
-    pub(super) fn circuit(&self) -> &Circuit {
-        &self.circuit
+    /// Whether Redis (for a Cluster, the node serving `key`) is skipped
+    /// for now after it failed to answer (see [`Circuit::open`]: a caller
+    /// may be chosen to probe it).
+    pub(super) fn circuit(&self, key: &str) -> &Circuit {
+        self.circuits.of(key)
+    }
+
+    /// For a Cluster: reads the slot map (`CLUSTER SLOTS`) into the node
+    /// circuits, when none was read yet or a node's circuit holds calls
+    /// off (a failover moves slots). From the heartbeat, bounded.
+    pub(super) async fn map_slots(&self) {
+        if !self.circuits.per_node() || (self.circuits.mapped() && !self.circuits.any_waiting()) {
+            return;
+        }
+        let mut slots = deadpool_redis::redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let reply = self
+            .redis
+            .query::<deadpool_redis::redis::Value>(&slots)
+            .await;
+        match reply {
+            Ok(value) => {
+                let map = super::circuit::slot_map(&value);
+                if !map.is_empty() {
+                    self.circuits.learn(&map);
+                }
+            }
+            Err(err) => tracing::debug!(error = %err, "reading the Cluster slot map failed"),
+        }
     }
 
     /// How late `now` is after `redis_us` on the Redis clock, at most.
@@ -144,18 +169,27 @@ impl Backend {
     }
 
     /// Takes what a call said about Redis into the circuit.
-    fn observe<T>(&self, result: Result<T, ScriptError>) -> Result<T, CallError> {
+    /// Takes what a call on `key` said about Redis into its circuit.
+    fn observe<T>(&self, key: &str, result: Result<T, ScriptError>) -> Result<T, CallError> {
+        self.observe_in(self.circuits.of(key), result)
+    }
+
+    fn observe_in<T>(
+        &self,
+        circuit: &Circuit,
+        result: Result<T, ScriptError>,
+    ) -> Result<T, CallError> {
         match result {
             Ok(value) => {
-                self.circuit.answered();
+                circuit.answered();
                 Ok(value)
             }
             Err(ScriptError::BadReply(why)) => {
-                self.circuit.answered();
+                circuit.answered();
                 Err(CallError::BadReply(why))
             }
             Err(ScriptError::Query(err)) => {
-                self.circuit.observe_failure(&err);
+                circuit.observe_failure(&err);
                 Err(classify(err))
             }
         }
@@ -168,7 +202,7 @@ impl Backend {
             .query::<String>(&deadpool_redis::redis::cmd("PING"))
             .await
             .map_err(ScriptError::Query);
-        self.observe(pong).map(drop)
+        self.observe_in(self.circuits.whole(), pong).map(drop)
     }
 
     /// acquire.lua (see [`acquire::run`]), in a turn the caller took.
@@ -189,7 +223,7 @@ impl Backend {
         if let Ok(acquire::Reply::Admitted { now_us, .. }) = &reply {
             self.clock.observe(sent, *now_us);
         }
-        self.observe(reply)
+        self.observe(&keys.gate, reply)
     }
 
     /// release.lua, in a release turn: whether the token still held its
@@ -205,7 +239,7 @@ impl Backend {
         let _turn = self.releases.acquire().await;
         let held =
             scripts::release::run(&self.redis, keys, token, abandoned, args, lease_ttl_us).await;
-        self.observe(held)
+        self.observe(&keys.gate, held)
     }
 
     /// renew.lua: whether the token still held its slot.
@@ -217,7 +251,7 @@ impl Backend {
         lease_ttl_us: u64,
     ) -> Result<bool, CallError> {
         let renewed = scripts::renew::run(&self.redis, keys, token, args, lease_ttl_us).await;
-        self.observe(renewed)
+        self.observe(&keys.gate, renewed)
     }
 
     /// adopt.lua, for a request sent `ago_us` ago: whether it holds a slot.
@@ -231,7 +265,7 @@ impl Backend {
     ) -> Result<bool, CallError> {
         let adopted =
             scripts::adopt::run(&self.redis, keys, token, args, lease_ttl_us, ago_us).await;
-        self.observe(adopted)
+        self.observe(&keys.gate, adopted)
     }
 
     /// penalize.lua on `gate`.
@@ -242,7 +276,7 @@ impl Backend {
         lease_ttl_us: u64,
     ) -> Result<(), CallError> {
         let penalized = scripts::penalize::run(&self.redis, gate, hold_us, lease_ttl_us).await;
-        self.observe(penalized).map(drop)
+        self.observe(gate, penalized).map(drop)
     }
 
     /// backoff.lua on `gate`: the gap in force (µs; 0: not backing off).
@@ -253,7 +287,7 @@ impl Backend {
         lease_ttl_us: u64,
     ) -> Result<u64, CallError> {
         let gap = backoff::run(&self.redis, gate, step, lease_ttl_us).await;
-        self.observe(gap)
+        self.observe(gate, gap)
     }
 
     /// agree.lua on the scope's record `keys` (the record and its `since`).
@@ -266,7 +300,7 @@ impl Backend {
         extend: bool,
     ) -> Result<agree::Reply, CallError> {
         let reply = agree::run(&self.redis, keys, settings, ttl_us, claim, extend).await;
-        self.observe(reply)
+        self.observe(keys[0], reply)
     }
 
     /// register.lua on the scope's registry `key`: the live replicas.
@@ -277,7 +311,7 @@ impl Backend {
         ttl_us: u64,
     ) -> Result<Vec<String>, CallError> {
         let ids = scripts::register::run(&self.redis, key, id, ttl_us).await;
-        self.observe(ids)
+        self.observe(key, ids)
     }
 }
 

@@ -6,8 +6,15 @@
 //! connections) and on nothing a caller did (a call its own deadline cut
 //! short says nothing about Redis). Any answer from Redis closes it, from
 //! any operation, an error reply included: an answer means Redis is there.
+//!
+//! A Cluster has one circuit per master node ([`Circuits`]): a key's call
+//! observes the circuit of the node that serves its slot, as the last slot
+//! map read says, so a dead master sends only its own hosts to the
+//! fallback. Until a map is read (and for standalone and Sentinel), one
+//! circuit stands for the whole of Redis.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis::RedisError;
@@ -84,6 +91,172 @@ impl Circuit {
     }
 }
 
+/// The number of Cluster hash slots.
+const SLOTS: usize = 16384;
+
+/// Node circuits kept for a Cluster; masters beyond this share them.
+const NODES: usize = 64;
+
+/// The circuits of one limiter: one for the whole of Redis, and for a
+/// Cluster one per master node, found through a slot map.
+#[derive(Debug)]
+pub(crate) struct Circuits {
+    whole: Circuit,
+    nodes: Option<Nodes>,
+}
+
+/// A Cluster's node circuits and the slot map that leads to them.
+struct Nodes {
+    /// Slot -> 1 + the index of its node in `names` (0: not known).
+    slots: Box<[AtomicU16]>,
+    circuits: Box<[Circuit]>,
+    /// The nodes' addresses, by index; a node keeps its index (and its
+    /// circuit) across maps.
+    names: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nodes")
+            .field(
+                "names",
+                &*self.names.lock().unwrap_or_else(PoisonError::into_inner),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Circuits {
+    /// One circuit for the whole of Redis, and node circuits when
+    /// `cluster`.
+    pub(crate) fn new(cluster: bool) -> Self {
+        Self {
+            whole: Circuit::new(),
+            nodes: cluster.then(|| Nodes {
+                slots: (0..SLOTS).map(|_| AtomicU16::new(0)).collect(),
+                circuits: (0..NODES).map(|_| Circuit::new()).collect(),
+                names: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Whether node circuits are kept (a Cluster).
+    pub(crate) fn per_node(&self) -> bool {
+        self.nodes.is_some()
+    }
+
+    /// The circuit for calls on `key`: its node's, once the slot map
+    /// names one, else the whole's.
+    pub(crate) fn of(&self, key: &str) -> &Circuit {
+        let Some(nodes) = &self.nodes else {
+            return &self.whole;
+        };
+        match nodes.slots[slot(key)].load(Ordering::Relaxed) {
+            0 => &self.whole,
+            node => &nodes.circuits[usize::from(node - 1) % NODES],
+        }
+    }
+
+    /// The circuit of calls on no key (`PING`): the whole's.
+    pub(crate) fn whole(&self) -> &Circuit {
+        &self.whole
+    }
+
+    /// Whether any circuit holds calls off now: the slot map may be stale
+    /// (a failover moves slots).
+    pub(crate) fn any_waiting(&self) -> bool {
+        self.whole.waiting()
+            || self
+                .nodes
+                .as_ref()
+                .is_some_and(|n| n.circuits.iter().any(Circuit::waiting))
+    }
+
+    /// Whether a slot map was read.
+    pub(crate) fn mapped(&self) -> bool {
+        self.nodes.as_ref().is_some_and(|n| {
+            !n.names
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+        })
+    }
+
+    /// Takes a slot map: ranges of slots (inclusive) and the address of
+    /// the master serving each.
+    pub(crate) fn learn(&self, map: &[(u16, u16, String)]) {
+        let Some(nodes) = &self.nodes else {
+            return;
+        };
+        let mut names = nodes.names.lock().unwrap_or_else(PoisonError::into_inner);
+        for (start, end, addr) in map {
+            let index = match names.iter().position(|n| n == addr) {
+                Some(i) => i,
+                None => {
+                    names.push(addr.clone());
+                    names.len() - 1
+                }
+            };
+            let node = u16::try_from(index % NODES + 1).unwrap_or(1);
+            for slot in usize::from(*start)..=usize::from(*end).min(SLOTS - 1) {
+                nodes.slots[slot].store(node, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The slot ranges and master addresses of a `CLUSTER SLOTS` reply (what
+/// cannot be read is left out).
+pub(crate) fn slot_map(reply: &deadpool_redis::redis::Value) -> Vec<(u16, u16, String)> {
+    use deadpool_redis::redis::Value;
+    let int = |v: &Value| match v {
+        Value::Int(n) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let Value::Array(ranges) = reply else {
+        return Vec::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let (start, end) = (int(fields.first()?)?, int(fields.get(1)?)?);
+            let Value::Array(master) = fields.get(2)? else {
+                return None;
+            };
+            let host = text(master.first()?)?;
+            let port = match master.get(1)? {
+                Value::Int(p) => *p,
+                _ => return None,
+            };
+            Some((start, end, format!("{host}:{port}")))
+        })
+        .collect()
+}
+
+/// The Cluster hash slot of `key` (CRC16 of its hash tag, as Redis reads
+/// it: the first `{...}` with something inside, else the whole key).
+fn slot(key: &str) -> usize {
+    let bytes = key.as_bytes();
+    let tagged = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    usize::from(crc16::State::<crc16::XMODEM>::calculate(tagged)) % SLOTS
+}
+
 /// Whether a failure says Redis could not be reached or did not answer (as
 /// opposed to an answer that was an error reply).
 pub(crate) fn not_answering(err: &QueryError) -> bool {
@@ -120,6 +293,38 @@ mod tests {
             ),
             "WRONGTYPE",
         )))
+    }
+
+    #[test]
+    fn slots_are_redis_slots() {
+        // Redis's own answers (CLUSTER KEYSLOT).
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("{user1000}.following"), 3443);
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_eq!(slot("foo{}{bar}"), 8363);
+        assert_eq!(slot("foo{{bar}}zap"), 4015);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_node_opens_only_its_own_slots() {
+        let c = Circuits::new(true);
+        assert!(std::ptr::eq(c.of("{a}"), c.whole()), "no map yet");
+        c.learn(&[
+            (0, 8191, "10.0.0.1:7000".into()),
+            (8192, 16383, "10.0.0.2:7000".into()),
+        ]);
+        let (low, high) = ("foo", "{user1000}.following");
+        assert!(slot(high) < 8192 && slot(low) >= 8192);
+        c.of(low).observe_failure(&refused());
+        assert!(c.of(low).waiting() && !c.of(high).waiting());
+        assert!(c.any_waiting() && !c.whole().waiting());
+        // A failover moves the slots to another node, whose circuit is
+        // closed; the dead node keeps its index.
+        c.learn(&[(8192, 16383, "10.0.0.3:7000".into())]);
+        assert!(!c.of(low).waiting());
+        let standalone = Circuits::new(false);
+        assert!(std::ptr::eq(standalone.of(low), standalone.whole()));
     }
 
     #[tokio::test(start_paused = true)]

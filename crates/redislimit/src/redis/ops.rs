@@ -29,18 +29,19 @@ pub(super) async fn adopt(
     weight: u32,
 ) -> Result<Option<Permit>, Error> {
     let settings = &core.settings;
-    // Skips a Redis that failed moments ago, like an acquire; when the probe
-    // is due, this may be it.
-    if core.backend.circuit().open() {
-        return Err(CallError::Skipped.into_error(Op::Acquire));
-    }
     let mut args = settings.args[settings.policies.index(&host)];
     // Admitted in-process under the same caps (see fallback_policies); kept
     // within them all the same.
     args.weight = weight.clamp(1, heaviest(args.mode.in_flight(), args.quota));
     let host = settings.policies.key(&host);
+    let keys = Arc::new(RedisKeys::new(&settings.prefix, &settings.scope, &host));
+    // Skips a Redis (node) that failed moments ago, like an acquire; when
+    // the probe is due, this may be it.
+    if core.backend.circuit(&keys.gate).open() {
+        return Err(CallError::Skipped.into_error(Op::Acquire));
+    }
     let ticket = Ticket {
-        keys: Arc::new(RedisKeys::new(&settings.prefix, &settings.scope, &host)),
+        keys,
         token: new_token(),
         args,
     };
@@ -91,11 +92,11 @@ pub(super) async fn penalize(core: &Core, host: HostKey, hold: Duration) -> Resu
     if hold_us == 0 {
         return Ok(());
     }
-    if core.backend.circuit().open() {
-        return Err(CallError::Skipped.into_error(Op::Penalize));
-    }
     let host = settings.policies.key(&host);
     let keys = RedisKeys::new(&settings.prefix, &settings.scope, &host);
+    if core.backend.circuit(&keys.gate).open() {
+        return Err(CallError::Skipped.into_error(Op::Penalize));
+    }
     match core
         .backend
         .penalize(&keys.gate, hold_us, settings.lease_ttl_us)
@@ -135,10 +136,10 @@ pub(super) async fn back_off(
             max_us: us(cap).max(1),
         },
     };
-    if core.backend.circuit().open() {
+    let keys = RedisKeys::new(&settings.prefix, &settings.scope, &host);
+    if core.backend.circuit(&keys.gate).open() {
         return Err(CallError::Skipped.into_error(Op::Penalize));
     }
-    let keys = RedisKeys::new(&settings.prefix, &settings.scope, &host);
     match core
         .backend
         .back_off(&keys.gate, step, settings.lease_ttl_us)

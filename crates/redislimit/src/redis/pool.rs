@@ -198,6 +198,11 @@ impl RedisPool {
         Self::standalone_at(client.get_connection_info().clone(), timeouts)
     }
 
+    /// Whether it reaches a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.pools, Pools::Cluster(_) | Pools::DeadpoolCluster(_))
+    }
+
     fn of(pools: Pools) -> Self {
         Self {
             pools,

@@ -195,6 +195,9 @@ async fn heartbeat(
             return;
         }
         registry.beat(&backend).await;
+        // A Cluster's slot map, for its node circuits (when none was read
+        // yet, or a node failed: a failover moves slots).
+        let _ = tokio::time::timeout(HEARTBEAT, backend.map_slots()).await;
         // Bounded, so a pool without timeouts cannot stop the heartbeat.
         let _ = tokio::time::timeout(HEARTBEAT, agreement.keep(&backend)).await;
         drop((registry, backend, agreement));
