@@ -121,9 +121,10 @@ async fn share_keeps_the_rate_and_cap_of_all_replicas_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn share_sends_at_each_replicas_whole_share() {
     let server = RedisServer::start();
-    let gap = 60 * MS;
+    // A tenth of it (10 ms) is how late into its turn a send may still go.
+    let gap = 100 * MS;
     let all = replicas(&server, gap, 6, FallbackPolicy::Share).await;
-    let seen = crawl_frozen(&server, &all, Duration::from_secs(6), 30 * MS)
+    let seen = crawl_frozen(&server, &all, Duration::from_secs(8), 30 * MS)
         .await
         .host("a.test");
     let period = gap * REPLICAS as u32;
@@ -132,11 +133,13 @@ async fn share_sends_at_each_replicas_whole_share() {
         let (Some(first), Some(last)) = (sends.first(), sends.last()) else {
             panic!("replica {replica} sent nothing: {seen:?}");
         };
-        // Sends after its first, against the turns it had in that time.
+        // Sends after its first, against the turns it had in that time
+        // (0.9 of them, and one turn for a runtime stalled past its
+        // tolerance on a busy machine).
         let turns = (last.send - first.send).as_micros() / period.as_micros();
         let sent = sends.len() as u128 - 1;
         assert!(
-            turns >= 20 && sent * 10 >= turns * 9,
+            turns >= 15 && (sent + 1) * 10 >= turns * 9,
             "replica {replica} sent {sent} requests in {turns} of its turns ({:?})",
             last.send - first.send
         );

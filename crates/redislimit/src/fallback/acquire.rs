@@ -98,17 +98,22 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 (Some(d), Some(t)) => Some(d.min(t)),
                 (d, t) => d.or(t),
             };
-            let err = match self
+            let asked = self
                 .primary
                 .acquire_with(engine, host.clone(), ask_until, request)
-                .await
-            {
+                .await;
+            // An admission, or a wait the primary named (a deadline that cut
+            // a call short names none): it answers.
+            let answered = match &asked {
+                Ok(_) => true,
+                Err(Error::WaitBudget { wait, .. }) => !wait.is_zero(),
+                Err(_) => false,
+            };
+            if answered {
+                self.answered();
+            }
+            let err = match asked {
                 Ok(shared) => {
-                    self.shares.answered(Instant::now());
-                    if self.degraded.swap(false, Ordering::Relaxed) {
-                        tracing::info!("the shared limiter answers again: pacing is shared");
-                        self.hooks.on_fallback(false);
-                    }
                     if turn_ends.is_some_and(|ends| Instant::now() > ends) {
                         // Admitted too late for this turn: not sent,
                         // taken back; the next turn asks again.
@@ -236,6 +241,16 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             }
             let waited = report.finish(WaitOutcome::Acquired);
             return Ok(self.outage_permit(host, request.weight(), waited, local, share));
+        }
+    }
+
+    /// The primary answered: the share's grace starts (once its turns end,
+    /// this replica asks it as the others do), and pacing is shared again.
+    fn answered(&self) {
+        self.shares.answered(Instant::now());
+        if self.degraded.swap(false, Ordering::Relaxed) {
+            tracing::info!("the shared limiter answers again: pacing is shared");
+            self.hooks.on_fallback(false);
         }
     }
 
