@@ -90,7 +90,7 @@ const ROBOTS_MAX_BYTES: usize = 512 * 1024;
 const SLOT_WAIT: Duration = Duration::from_millis(100);
 
 /// Whether pacing is shared right now, for the progress line.
-pub type ModeProbe = Arc<dyn Fn() -> &'static str + Send + Sync>;
+pub type ModeProbe = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// Fetches URLs, paced per host by a shared limiter.
 #[derive(Clone)]
@@ -249,7 +249,7 @@ impl Crawler {
             report: None,
             report_failed: Arc::default(),
             stop: Stop::new(),
-            mode: Arc::new(|| "in-process"),
+            mode: Arc::new(|| "in-process".to_owned()),
             limiter,
             min_delay: args.min_delay,
             robots: args.robots.then(|| RobotsOptions {

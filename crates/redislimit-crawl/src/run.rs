@@ -43,7 +43,7 @@ impl Args {
         let _ = default;
         Ok(Pacer {
             limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
-            mode: Arc::new(|| "in-process"),
+            mode: Arc::new(|| "in-process".to_owned()),
         })
     }
 

@@ -2,6 +2,7 @@
 //! the flags describe, with its in-process fallback.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use anyhow::{Context, bail};
 use redislimit::error::Causes;
@@ -64,13 +65,25 @@ impl Args {
         }
         let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
         let probe = Arc::clone(&limiter);
+        let seen = std::sync::atomic::AtomicU64::new(0);
         Ok(Pacer {
             limiter,
+            // Between two progress lines: all through Redis, or how many
+            // went without it (a Cluster with one master away paces only
+            // that master's hosts in-process).
             mode: Arc::new(move || {
-                if probe.is_degraded() {
-                    "in-process (Redis unavailable)"
-                } else {
-                    "shared through Redis"
+                let alone = probe.in_process_admissions();
+                let since = alone.saturating_sub(seen.swap(alone, Ordering::Relaxed));
+                match (since, probe.is_degraded()) {
+                    (0, false) => "shared through Redis".to_owned(),
+                    (0, true) => "in-process (Redis unavailable)".to_owned(),
+                    (n, true) => {
+                        format!("in-process (Redis unavailable; {n} requests since the last line)")
+                    }
+                    (n, false) => format!(
+                        "partly in-process ({n} requests since the last line without Redis, \
+                         unavailable for their hosts)"
+                    ),
                 }
             }),
         })

@@ -12,7 +12,7 @@ use redislimit_tests::resp::Reply;
 use redislimit_tests::{RedisServer, Upstream};
 use tokio::process::Command;
 
-use crate::{MS, SLACK, crawl_binary, finish, spawn_all, tempdir, urls};
+use crate::{MS, Replica, SLACK, crawl_binary, finish, spawn_all, tempdir, urls};
 
 /// Runs the crawl on `args` (plus `--resolve a.test:` the upstream) to its
 /// end; returns its exit code and stderr.
@@ -369,4 +369,62 @@ async fn a_replica_cut_off_alone_sends_again_soon_after_the_thaw() {
         back < Duration::from_secs(3),
         "the cut-off replica sent again {back:?} after the thaw"
     );
+}
+
+/// Before: the progress line said "shared through Redis" (or, a moment
+/// later, "in-process") while one master of a Cluster was away. Now it
+/// says how much went without Redis: a crawl over hosts on every master,
+/// one master killed (the others serving their slots), reports the crawl
+/// as partly in-process, and the hosts of the other masters keep being
+/// crawled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_dead_cluster_is_reported_as_partly_in_process() {
+    use redislimit_tests::RedisCluster;
+    use redislimit_tests::keys::HostKeys;
+
+    let _turn = crate::one_at_a_time().await;
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    for node in cluster.nodes() {
+        node.query(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    let master_of = |host: &str| cluster.master_of(&HostKeys::of("domain", host).gate).port();
+    let victim = master_of("a.test");
+    let healthy = ["b.test", "c.test", "r1.test", "r2.test", "r3.test"]
+        .into_iter()
+        .find(|h| master_of(h) != victim)
+        .expect("a host on another master");
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let list = urls(&upstream, &["a.test", healthy], 40, "/");
+    let nodes: Vec<String> = cluster.urls();
+    let mut args = vec!["--min-delay", "100ms", "--progress-every", "500ms"];
+    for node in &nodes {
+        args.extend(["--redis-cluster", node.as_str()]);
+    }
+    let replica = crate::spawn(dir.path(), 0, &upstream, &list, &args);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() == victim)
+        .expect("the victim")
+        .kill();
+    let killed = std::time::Instant::now();
+    let Replica {
+        mut child, stderr, ..
+    } = replica;
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the crawl did not finish")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&stderr.await.unwrap_or_default()).into_owned();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("pacing partly in-process"), "{stderr}");
+    let after_kill = upstream
+        .recorder()
+        .host(healthy)
+        .into_iter()
+        .filter(|r| r.send > killed + Duration::from_secs(2))
+        .count();
+    assert!(after_kill >= 5, "{healthy} was not crawled after the kill");
 }

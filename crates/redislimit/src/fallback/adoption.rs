@@ -63,6 +63,8 @@ pub(super) struct Adoptions {
     count: AtomicUsize,
     /// Whether the task offering them to the primary runs.
     running: AtomicBool,
+    /// How many were ever added: the admissions made without the primary.
+    added: std::sync::atomic::AtomicU64,
 }
 
 /// One request admitted in-process during an outage.
@@ -114,6 +116,7 @@ impl Adoptions {
         adoptee: Arc<Adoptee>,
         primary: &Arc<P>,
     ) {
+        self.added.fetch_add(1, Ordering::Relaxed);
         {
             let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
             pending.push(adoptee);
@@ -122,6 +125,11 @@ impl Adoptions {
         if !self.running.swap(true, Ordering::SeqCst) {
             tokio::spawn(adopt_in_background(Arc::clone(primary), Arc::clone(self)));
         }
+    }
+
+    /// How many requests were admitted without the primary, ever.
+    pub(super) fn admitted(&self) -> u64 {
+        self.added.load(Ordering::Relaxed)
     }
 
     /// Whether any request waits to be counted in the primary.

@@ -151,6 +151,16 @@ impl<P: Limiter> FallbackLimiter<P> {
     pub fn is_degraded(&self) -> bool {
         self.degraded.load(Ordering::Relaxed)
     }
+
+    /// How many admissions the in-process side made alone (the primary
+    /// unavailable for their hosts) since this limiter was made. With a
+    /// Redis Cluster one master may be away while the others answer: read
+    /// it twice to tell how much of the traffic in between went without
+    /// Redis, which [`is_degraded`](Self::is_degraded) (the latest
+    /// decision only) cannot.
+    pub fn in_process_admissions(&self) -> u64 {
+        self.adoptions.admitted()
+    }
 }
 
 /// A snapshot of `top` hosts from the in-process side's view `local` and the
