@@ -35,6 +35,19 @@ async fn run(upstream: &Upstream, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// How `replica` exited (within a minute), and its stderr.
+async fn exit_of(replica: Replica) -> (std::process::ExitStatus, String) {
+    let Replica {
+        mut child, stderr, ..
+    } = replica;
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the crawl did not stop")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&stderr.await.unwrap_or_default()).into_owned();
+    (status, stderr)
+}
+
 /// A refused password and a URL that points at an HTTP server: exit 2,
 /// naming the cause; nothing reaches the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,12 +167,7 @@ async fn a_crawl_that_loses_the_agreement_exits_non_zero() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let replica = replicas.remove(0);
-    let mut child = replica.child;
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the crawl did not stop")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&replica.stderr.await.unwrap_or_default()).into_owned();
+    let (status, stderr) = exit_of(replica).await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("other settings"), "{stderr}");
     assert!(
@@ -287,12 +295,7 @@ async fn after_a_restart_the_newcomer_with_other_settings_is_refused() {
     let newcomer = crate::spawn(dir.path(), 9, &upstream, &newcomer_urls, &newcomer_args);
     // The original replicas finish their crawl, exiting 0.
     finish(replicas).await;
-    let mut child = newcomer.child;
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the newcomer did not stop")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&newcomer.stderr.await.unwrap_or_default()).into_owned();
+    let (status, stderr) = exit_of(newcomer).await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("min_delay=100ms"), "{stderr}");
     assert!(
@@ -410,14 +413,7 @@ async fn a_half_dead_cluster_is_reported_as_partly_in_process() {
         .expect("the victim")
         .kill();
     let killed = std::time::Instant::now();
-    let Replica {
-        mut child, stderr, ..
-    } = replica;
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the crawl did not finish")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&stderr.await.unwrap_or_default()).into_owned();
+    let (status, stderr) = exit_of(replica).await;
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("pacing partly in-process"), "{stderr}");
     let after_kill = upstream
