@@ -278,6 +278,8 @@ impl BackoffStep {
 pub(crate) mod sealed {
     use std::time::Duration;
 
+    use tokio::time::Instant;
+
     use crate::{BackoffStep, BoxFuture, Error, HostKey, Permit};
 
     /// Proof that the caller is this crate.
@@ -331,6 +333,23 @@ pub(crate) mod sealed {
         #[cfg_attr(not(feature = "http"), allow(dead_code))]
         fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
             let _ = (host, cause, hold);
+        }
+
+        /// Which part of the shared backend `host`'s state lives on, as far
+        /// as it fails apart from the rest (a Redis Cluster master); 0 for
+        /// the whole. A fallback keeps its outage shares per part.
+        fn failure_domain(&self, host: &HostKey) -> u32 {
+            let _ = host;
+            0
+        }
+
+        /// Whether the shared backend answered any call (an error reply
+        /// included) at or after `at`: a wait it named is its answer, one
+        /// the limiter's own queues named is not. False by default.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        fn answered_since(&self, at: Instant) -> bool {
+            let _ = at;
+            false
         }
     }
 }

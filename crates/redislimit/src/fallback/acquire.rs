@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::adoption::{Adopted, Adoptee, Adoptions, Deferred, SETTLE};
+use super::adoption::{Adopted, Adoptee, Adoptions, Deferred};
 use super::plan::{DEFER_RETRY, OutagePlan, Plan, turn_window, until_turn, wall_clock};
 use super::shares::Shares;
 use crate::hooks::WaitReport;
@@ -98,15 +98,18 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 (Some(d), Some(t)) => Some(d.min(t)),
                 (d, t) => d.or(t),
             };
+            let asking = Instant::now();
             let asked = self
                 .primary
                 .acquire_with(engine, host.clone(), ask_until, request)
                 .await;
-            // An admission, or a wait the primary named (a deadline that cut
-            // a call short names none): it answers.
+            // An admission, or a wait its backend named (not one its own
+            // queues named, nor a deadline that cut a call short): it
+            // answers.
             let answered = match &asked {
                 Ok(_) => true,
-                Err(Error::WaitBudget { wait, .. }) => !wait.is_zero(),
+                Err(Error::WaitBudget { .. }) => crate::limiter::coordination(&**self.primary)
+                    .is_some_and(|c| c.answered_since(asking)),
                 Err(_) => false,
             };
             if answered {
@@ -120,20 +123,17 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                         shared.abandon();
                         continue;
                     }
-                    if self.deferred.take(&key) {
-                        // The first admission since this replica deferred
+                    if let Some(settled) = self.deferred.hold(&key, Instant::now()) {
+                        // The first admissions since this replica deferred
                         // the host: the replica that served it may still
                         // be sending in-process, unseen by a primary that
                         // came back empty. Given back; asked for again
                         // once that replica has had time to tell it.
                         shared.abandon();
-                        let settled = after(Instant::now(), SETTLE);
+                        let now = Instant::now();
                         if let Some(deadline) = deadline
                             && settled > deadline
                         {
-                            self.deferred.add(&key);
-                            tokio::time::sleep_until(deadline).await;
-                            let now = Instant::now();
                             return Err(report.over_budget(settled, deadline, now));
                         }
                         tracing::debug!(host = %host, "the primary answers again: waiting for the replica that served the host during the outage");

@@ -24,10 +24,13 @@ pub(super) const ADOPT_RETRY: Duration = Duration::from_millis(100);
 pub(super) const SETTLE: Duration = Duration::from_millis(1300);
 
 /// The hosts (keys) this replica deferred to another replica during an
-/// outage and has not been admitted to by the primary since.
+/// outage, until their first admission by the primary has settled: from
+/// it, admissions wait [`SETTLE`].
 #[derive(Debug, Default)]
 pub(super) struct Deferred {
-    keys: Mutex<std::collections::HashSet<HostKey>>,
+    /// Key -> until when admissions by the primary are given back (`None`:
+    /// deferred, and not admitted since).
+    keys: Mutex<std::collections::HashMap<HostKey, Option<Instant>>>,
     /// Whether `keys` holds any (read on every admission).
     any: AtomicBool,
 }
@@ -36,21 +39,32 @@ impl Deferred {
     /// `key` was deferred to another replica.
     pub(super) fn add(&self, key: &HostKey) {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        if !keys.contains(key) {
-            keys.insert(key.clone());
-        }
+        keys.insert(key.clone(), None);
         self.any.store(true, Ordering::Release);
     }
 
-    /// Whether `key` was deferred (and not admitted since): forgets it.
-    pub(super) fn take(&self, key: &HostKey) -> bool {
+    /// Until when an admission of `key` by the primary at `now` is given
+    /// back: [`SETTLE`] after the first since it was deferred; `None` once
+    /// that has passed (or it was not deferred), when it is forgotten.
+    pub(super) fn hold(&self, key: &HostKey, now: Instant) -> Option<Instant> {
         if !self.any.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let taken = keys.remove(key);
-        self.any.store(!keys.is_empty(), Ordering::Release);
-        taken
+        let until = match keys.get_mut(key)? {
+            Some(until) if *until > now => Some(*until),
+            Some(_) => None,
+            first @ None => {
+                let until = crate::pacing::after(now, SETTLE);
+                *first = Some(until);
+                Some(until)
+            }
+        };
+        if until.is_none() {
+            keys.remove(key);
+            self.any.store(!keys.is_empty(), Ordering::Release);
+        }
+        until
     }
 }
 
@@ -181,15 +195,22 @@ impl Adoptions {
             };
             std::mem::forget(offering);
             let mut state = adoptee.lock();
-            let released = matches!(*state, Adopted::Done);
+            // Released meanwhile: `Done`, or a `Trace` of its end.
+            let ended = !matches!(*state, Adopted::Offering);
             match answer {
-                // Released meanwhile: the permit (if any) drops here.
-                Ok(permit) if released => drop(permit),
+                // Counted, and released at once: its release in the primary
+                // records its end, which the trace would have told.
+                Ok(Some(permit)) if ended => {
+                    drop(permit);
+                    *state = Adopted::Done;
+                }
+                // Nothing to count it in: a trace still has its end to tell.
+                Ok(None) if ended => {}
                 Ok(permit) => {
                     *state = permit.map_or(Adopted::Done, |p| Adopted::Held { _permit: p });
                 }
                 Err(err) if err.is_unavailable() => {
-                    if !released {
+                    if !ended {
                         *state = Adopted::Pending;
                     }
                     break;

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::acquire::Acquire;
 use super::adoption::{Adoptions, Deferred};
 use super::plan::OutagePlan;
-use super::shares::Shares;
+use super::shares::{Domains, Shares};
 use crate::limiter::sealed;
 use crate::snapshot::{PacedBy, Snapshot, TopHosts};
 use crate::{
@@ -70,8 +70,9 @@ pub struct FallbackLimiter<P> {
     /// How each host is served while the primary is unavailable; every
     /// host alone, at the full in-process pacing, when unset.
     outage: Option<Arc<dyn OutagePlan>>,
-    /// The pacing shares in use during the current outage.
-    shares: Arc<Shares>,
+    /// The pacing shares in use during the current outage, per failure
+    /// domain of the primary.
+    shares: Arc<Domains>,
     /// Requests admitted in-process during an outage, still to be counted
     /// in the primary once it answers.
     adoptions: Arc<Adoptions>,
@@ -187,14 +188,15 @@ fn merge(top: usize, local: &Snapshot, mut shared: Snapshot) -> Snapshot {
 }
 
 impl<P: Limiter + 'static> FallbackLimiter<P> {
-    /// This limiter's parts, as an acquire works with them.
-    fn parts(&self) -> Acquire<'_, P> {
+    /// This limiter's parts, as an acquire works with them, with the
+    /// shares of the failure domain (`shares`) of the host it is for.
+    fn parts<'a>(&'a self, shares: &'a Shares) -> Acquire<'a, P> {
         Acquire {
             primary: &self.primary,
             fallback: &self.fallback,
             hooks: &*self.hooks,
             outage: self.outage.as_deref(),
-            shares: &self.shares,
+            shares,
             adoptions: &self.adoptions,
             deferred: &self.deferred,
             degraded: &self.degraded,
@@ -219,7 +221,10 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
             if self.closing.closed.load(Ordering::SeqCst) {
                 return Err(Error::Closed);
             }
-            let parts = self.parts();
+            let domain =
+                crate::limiter::coordination(&*self.primary).map_or(0, |c| c.failure_domain(&host));
+            let shares = self.shares.of(domain);
+            let parts = self.parts(&shares);
             tokio::select! {
                 biased;
                 acquired = parts.run(engine, host, deadline, request) => acquired,

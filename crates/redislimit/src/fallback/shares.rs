@@ -12,6 +12,22 @@ use tokio::time::Instant;
 use crate::pacing::after;
 use crate::{DomainLimiter, Policies};
 
+/// The shares of each failure domain of the primary (a Redis Cluster
+/// master, or the whole of Redis): an outage of one master sends only its
+/// own hosts to their shares and turns.
+#[derive(Debug, Default)]
+pub(super) struct Domains {
+    shares: Mutex<std::collections::HashMap<u32, std::sync::Arc<Shares>>>,
+}
+
+impl Domains {
+    /// The shares of failure domain `domain`.
+    pub(super) fn of(&self, domain: u32) -> std::sync::Arc<Shares> {
+        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        std::sync::Arc::clone(shares.entry(domain).or_default())
+    }
+}
+
 /// The in-process limiter pacing this replica's share during an outage.
 #[derive(Debug, Default)]
 pub(super) struct Shares {

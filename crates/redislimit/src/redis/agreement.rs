@@ -53,9 +53,13 @@ pub(super) struct Agreement {
     settings: String,
     /// How long the record outlives the last replica that confirmed it.
     ttl: Duration,
-    /// When this limiter last saw the record hold its settings, and the
-    /// record's `since` then; `None` once it saw other settings there.
+    /// When this limiter last extended the record (or put it back), and
+    /// the record's `since`; `None` once it saw other settings there (or
+    /// went idle longer than the record lives).
     confirmed: Mutex<Option<(Instant, u64)>>,
+    /// Whether Redis failed to answer the heartbeat's check since the last
+    /// confirmation (see `claim`).
+    interrupted: std::sync::atomic::AtomicBool,
     /// When this limiter last acquired (µs since `epoch`), whether Redis
     /// answered or not: a limiter in use keeps its record (see `claim`).
     active_us: std::sync::atomic::AtomicU64,
@@ -133,6 +137,7 @@ impl Agreement {
             settings,
             ttl: longest.saturating_add(Duration::from_secs(1)),
             confirmed: Mutex::new(None),
+            interrupted: std::sync::atomic::AtomicBool::new(false),
             active_us: std::sync::atomic::AtomicU64::new(0),
             epoch: Instant::now(),
             asking: tokio::sync::Mutex::new(()),
@@ -162,40 +167,65 @@ impl Agreement {
         let us = u64::try_from(self.epoch.elapsed().as_micros())
             .unwrap_or(u64::MAX)
             .max(1);
-        let before = self
-            .active_us
-            .swap(us, std::sync::atomic::Ordering::Relaxed);
+        let before = self.active_us.load(std::sync::atomic::Ordering::Relaxed);
         if before != 0 && Duration::from_micros(us.saturating_sub(before)) >= self.ttl {
+            // Before the new activity shows: no claim is read in between.
             self.unconfirm();
         }
+        self.active_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The `since` of the record this limiter agreed with, while it is in
-    /// use (it acquired within the record's life, whether Redis answered or
-    /// not: its record would still be there had Redis kept it) and was not
-    /// refused since; 0 otherwise, as for a limiter idle longer than that,
-    /// whose record may have expired as the agreement intends.
+    /// The `since` of the record this limiter agreed with, while its claim
+    /// to the scope holds; 0 otherwise. It holds while the record this
+    /// limiter last extended (or put back) should still be there, and,
+    /// after Redis failed to answer its heartbeat's check (an outage),
+    /// while it is in use (it acquired within the record's life, Redis
+    /// answering or not): its record would still be there had Redis kept
+    /// it. An idle limiter's claim ends with the record it extended, which
+    /// then lapses as the agreement intends.
     fn claim(&self, now: Instant) -> u64 {
-        let active_us = self.active_us.load(std::sync::atomic::Ordering::Relaxed);
-        let idle = now
-            .saturating_duration_since(self.epoch)
-            .saturating_sub(Duration::from_micros(active_us));
-        if active_us == 0 || idle >= self.ttl {
-            return 0;
-        }
         let confirmed = *self
             .confirmed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        confirmed.map_or(0, |(_, since)| since)
+        let Some((at, since)) = confirmed else {
+            return 0;
+        };
+        let active_us = self.active_us.load(std::sync::atomic::Ordering::Relaxed);
+        let idle = now
+            .saturating_duration_since(self.epoch)
+            .saturating_sub(Duration::from_micros(active_us));
+        let in_use = active_us != 0 && idle < self.ttl;
+        let interrupted = self.interrupted.load(std::sync::atomic::Ordering::Relaxed);
+        if now < after(at, self.ttl) || (interrupted && in_use) {
+            since
+        } else {
+            0
+        }
     }
 
+    /// The record was extended (or put back) at `at`, and holds these
+    /// settings since `since`.
     fn confirm(&self, at: Instant, since: u64) {
         *self
             .confirmed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((at, since));
+        self.interrupted
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         self.fail(None);
+    }
+
+    /// The record still holds these settings (it was not extended).
+    fn still(&self, since: u64) {
+        let mut confirmed = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, recorded)) = &mut *confirmed {
+            *recorded = since;
+        }
     }
 
     /// The record holds other settings: nothing admits on the last
@@ -205,6 +235,15 @@ impl Agreement {
             .confirmed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Whether this limiter agreed with the record, and was not refused
+    /// (or idle) since.
+    fn agreed_before(&self) -> bool {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
     }
 
     fn fail(&self, failed: Option<Failed>) {
@@ -253,7 +292,17 @@ impl Agreement {
         if !force && self.fresh(started) {
             return Ok(());
         }
-        let _asking = self.asking.lock().await;
+        // Once agreed, an acquire does not queue behind another's call (a
+        // Cluster node holding the record may take a response timeout to
+        // fail): what was agreed stands meanwhile.
+        let _asking = if !force && self.agreed_before() {
+            match self.asking.try_lock() {
+                Ok(asking) => asking,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            self.asking.lock().await
+        };
         let asked = Instant::now();
         // Confirmed by the call this one waited for; or that call found
         // Redis not answering, and the circuit now holds off the rest; or
@@ -261,8 +310,16 @@ impl Agreement {
         if !force && self.fresh(asked) {
             return Ok(());
         }
-        if !force && backend.circuit(&self.key).waiting() {
-            return Err(CallError::Skipped.into_error(Op::Acquire));
+        if !force && !backend.circuit(&self.key).closed() {
+            // A Cluster node holding the record may be away while the
+            // host's own node answers: what was agreed stands meanwhile,
+            // and the heartbeat, not an acquire, probes that node.
+            if self.agreed_before() {
+                return Ok(());
+            }
+            if backend.circuit(&self.key).waiting() {
+                return Err(CallError::Skipped.into_error(Op::Acquire));
+            }
         }
         match self.failed_since(started).filter(|_| !force) {
             Some(Failed::Mismatch(theirs)) => return Err(self.mismatch(theirs)),
@@ -279,10 +336,19 @@ impl Agreement {
             Ok(reply) => reply,
             Err(e) => {
                 let err = e.into_error(Op::Acquire);
+                if err.is_unavailable() && !extend {
+                    // The heartbeat's check: an outage, after which this
+                    // limiter's claim lasts while it is in use.
+                    self.interrupted
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 // Not answering opened the circuit, which holds off the
                 // waiters; an error reply (READONLY, say) is remembered.
                 if !backend.circuit(&self.key).waiting() {
                     self.fail(Some(Failed::Answer(crate::error::Causes(&err).to_string())));
+                } else if !force && self.agreed_before() {
+                    // The node holding the record is away (see above).
+                    return Ok(());
                 }
                 return Err(err);
             }
@@ -292,7 +358,12 @@ impl Agreement {
                 if back {
                     tracing::warn!(scope = %self.scope, "the scope's configuration record was missing or held settings recorded after ours (Redis lost it: a restart, a failover, a flush); ours is back, and replicas started meanwhile with other settings are refused");
                 }
-                self.confirm(asked, since);
+                if extend || back {
+                    self.confirm(asked, since);
+                } else {
+                    // Left as it was: the acquires keep extending it.
+                    self.still(since);
+                }
                 Ok(())
             }
             Reply::Theirs(theirs) => {
@@ -312,7 +383,12 @@ impl Agreement {
     /// for long. A limiter that never agreed, or was refused, leaves it to
     /// its acquires (which report what they find).
     pub(super) async fn keep(&self, backend: &Backend) {
-        if self.claim(Instant::now()) == 0 || backend.circuit(&self.key).waiting() {
+        if self.claim(Instant::now()) == 0 {
+            return;
+        }
+        if backend.circuit(&self.key).waiting() {
+            self.interrupted
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             return;
         }
         let _ = self.ask(backend, &crate::hooks::NoHooks, true, false).await;

@@ -93,6 +93,9 @@ pub(super) struct Backend {
     clock: RedisClock,
     /// How long a script call takes, as measured here.
     round_trip: RoundTrip,
+    /// When Redis last answered a call (µs since `epoch`; 0: never).
+    answered_us: std::sync::atomic::AtomicU64,
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Backend {
@@ -113,6 +116,8 @@ impl Backend {
             releases: Semaphore::new(MAX_CALLS),
             clock: RedisClock::default(),
             round_trip: RoundTrip::default(),
+            answered_us: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -179,6 +184,15 @@ impl Backend {
         circuit: &Circuit,
         result: Result<T, ScriptError>,
     ) -> Result<T, CallError> {
+        let answered = match &result {
+            Ok(_) | Err(ScriptError::BadReply(_)) => true,
+            Err(ScriptError::Query(err)) => !super::circuit::not_answering(err),
+        };
+        if answered {
+            let us = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.answered_us
+                .fetch_max(us.max(1), std::sync::atomic::Ordering::Relaxed);
+        }
         match result {
             Ok(value) => {
                 circuit.answered();
@@ -193,6 +207,23 @@ impl Backend {
                 Err(classify(err))
             }
         }
+    }
+
+    /// The failure domain of the key `key` makes (see
+    /// [`Circuits::domain`]); the key is made only for a Cluster.
+    pub(super) fn failure_domain(&self, key: impl FnOnce() -> String) -> u32 {
+        if self.circuits.per_node() {
+            self.circuits.domain(&key())
+        } else {
+            0
+        }
+    }
+
+    /// Whether Redis answered a call at or after `at`.
+    pub(super) fn answered_since(&self, at: Instant) -> bool {
+        let answered = self.answered_us.load(std::sync::atomic::Ordering::Relaxed);
+        let since = at.saturating_duration_since(self.epoch).as_micros();
+        answered != 0 && u128::from(answered) >= since
     }
 
     /// `PING`.

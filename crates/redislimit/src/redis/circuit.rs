@@ -72,6 +72,12 @@ impl Circuit {
         until != 0 && self.clock_us() < until
     }
 
+    /// Whether the last call answered (no failure since, nor a probe
+    /// under way).
+    pub(crate) fn closed(&self) -> bool {
+        self.until.load(Ordering::Acquire) == 0
+    }
+
     /// Redis answered (an error reply included): the circuit closes.
     pub(crate) fn answered(&self) {
         if self.until.load(Ordering::Acquire) != 0 {
@@ -154,6 +160,18 @@ impl Circuits {
         match nodes.slots[slot(key)].load(Ordering::Relaxed) {
             0 => &self.whole,
             node => &nodes.circuits[usize::from(node - 1) % NODES],
+        }
+    }
+
+    /// Which circuit calls on `key` observe, as a number: 0 for the
+    /// whole's, else 1 + its node circuit's index.
+    pub(crate) fn domain(&self, key: &str) -> u32 {
+        let Some(nodes) = &self.nodes else {
+            return 0;
+        };
+        match nodes.slots[slot(key)].load(Ordering::Relaxed) {
+            0 => 0,
+            node => u32::from(node - 1) % NODES as u32 + 1,
         }
     }
 

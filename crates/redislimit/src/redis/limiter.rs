@@ -287,6 +287,17 @@ impl Limiter for RedisLimiter {
 /// What a `FallbackLimiter` in front of this limiter, and the pacing
 /// middlewares, reach through it.
 impl sealed::Coordination for RedisLimiter {
+    fn answered_since(&self, at: Instant) -> bool {
+        self.core.backend.answered_since(at)
+    }
+
+    fn failure_domain(&self, host: &HostKey) -> u32 {
+        let settings = &self.core.settings;
+        self.core
+            .backend
+            .failure_domain(|| settings.keys(&settings.policies.key(host)).gate)
+    }
+
     fn adopt_host<'a>(
         &'a self,
         host: HostKey,

@@ -24,20 +24,23 @@ const PROBE: Duration = Duration::from_secs(1);
 pub(crate) fn diagnose(err: &QueryError) -> Option<Misconfiguration> {
     match err {
         QueryError::Misconfigured(cause, _) => Some(*cause),
-        QueryError::Redis(e) => redis_error(e),
+        QueryError::Redis(e) => redis_error(e, false),
         QueryError::Pool(e) => match e.downcast_ref::<deadpool_redis::PoolError>()? {
-            deadpool_redis::PoolError::Backend(e) => redis_error(e),
+            deadpool_redis::PoolError::Backend(e) => redis_error(e, true),
             _ => None,
         },
     }
 }
 
-/// The misconfiguration a Redis error reports, if any.
-fn redis_error(e: &RedisError) -> Option<Misconfiguration> {
+/// The misconfiguration a Redis error reports, if any; `connecting` when
+/// it came from opening a connection, where a reply that does not parse is
+/// a server that does not speak RESP (on an open connection it is a reply
+/// of an unexpected shape: unavailable, as any other).
+fn redis_error(e: &RedisError, connecting: bool) -> Option<Misconfiguration> {
     match e.kind() {
         ErrorKind::AuthenticationFailed => return Some(Misconfiguration::Authentication),
         ErrorKind::Server(ServerErrorKind::NoPerm) => return Some(Misconfiguration::Permission),
-        ErrorKind::Parse => return Some(Misconfiguration::NotRedis),
+        ErrorKind::Parse if connecting => return Some(Misconfiguration::NotRedis),
         _ => {}
     }
     match e.code() {

@@ -27,6 +27,10 @@ local mine, ttl, claim, extend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), 
 local ok, current = pcall(redis.call, 'GET', key)
 local since_ok, since = pcall(redis.call, 'GET', since_key)
 since = since_ok and num(since) or nil
+-- Only a time this script could have written is one.
+if since and (since < 0 or since > 9007199254740991 or since ~= math.floor(since)) then
+  since = nil
+end
 if not ok then
   redis.call('DEL', key)
   current = nil
