@@ -115,6 +115,10 @@ pub(crate) struct Circuits {
 struct Nodes {
     /// Slot -> 1 + the index of its node in `names` (0: not known).
     slots: Box<[AtomicU16]>,
+    /// Slot -> the failure domain it was first seen in (0: not known). It
+    /// stays when a failover moves the slot to another node: the hosts an
+    /// outage sent to their shares keep taking turns through the failover.
+    domains: Box<[AtomicU16]>,
     circuits: Box<[Circuit]>,
     /// The nodes' addresses, by index; a node keeps its index (and its
     /// circuit) across maps.
@@ -140,6 +144,7 @@ impl Circuits {
             whole: Circuit::new(),
             nodes: cluster.then(|| Nodes {
                 slots: (0..SLOTS).map(|_| AtomicU16::new(0)).collect(),
+                domains: (0..SLOTS).map(|_| AtomicU16::new(0)).collect(),
                 circuits: (0..NODES).map(|_| Circuit::new()).collect(),
                 names: Mutex::new(Vec::new()),
             }),
@@ -163,16 +168,14 @@ impl Circuits {
         }
     }
 
-    /// Which circuit calls on `key` observe, as a number: 0 for the
-    /// whole's, else 1 + its node circuit's index.
+    /// The failure domain of `key`: 0 for the whole of Redis (or before a
+    /// slot map), else 1 + the index of the node that served its slot when
+    /// it was first mapped (kept through failovers).
     pub(crate) fn domain(&self, key: &str) -> u32 {
         let Some(nodes) = &self.nodes else {
             return 0;
         };
-        match nodes.slots[slot(key)].load(Ordering::Relaxed) {
-            0 => 0,
-            node => u32::from(node - 1) % NODES as u32 + 1,
-        }
+        u32::from(nodes.domains[slot(key)].load(Ordering::Relaxed))
     }
 
     /// The circuit of calls on no key (`PING`): the whole's.
@@ -218,6 +221,12 @@ impl Circuits {
             let node = u16::try_from(index % NODES + 1).unwrap_or(1);
             for slot in usize::from(*start)..=usize::from(*end).min(SLOTS - 1) {
                 nodes.slots[slot].store(node, Ordering::Relaxed);
+                let _ = nodes.domains[slot].compare_exchange(
+                    0,
+                    node,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
             }
         }
     }
@@ -339,8 +348,11 @@ mod tests {
         assert!(c.any_waiting() && !c.whole().waiting());
         // A failover moves the slots to another node, whose circuit is
         // closed; the dead node keeps its index.
+        let domain = c.domain(low);
+        assert!(domain != 0 && domain != c.domain(high));
         c.learn(&[(8192, 16383, "10.0.0.3:7000".into())]);
         assert!(!c.of(low).waiting());
+        assert_eq!(c.domain(low), domain, "a failover keeps the domain");
         let standalone = Circuits::new(false);
         assert!(std::ptr::eq(standalone.of(low), standalone.whole()));
     }
