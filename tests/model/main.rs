@@ -915,3 +915,141 @@ fn the_scripts_read_the_time_only_through_clock() {
         );
     }
 }
+
+/// The gap (µs) of the keep-out cases, and a turn's tolerance at it.
+const TURN: i64 = 1_000;
+const TOLERANCE: i64 = 100;
+
+/// Whether a send at `t`, leaving up to `room` later, comes closer than `TURN` less the
+/// tolerance to a send of a cut-off replica in one of its `turns` of `n`: a send in the
+/// first `TOLERANCE` of a turn's slot (slot `k` starts at `k * TURN`).
+fn in_keep_out(t: i64, room: i64, n: i64, turns: &[i64]) -> bool {
+    let period = n * TURN;
+    turns.iter().any(|&i| {
+        (t / period - 1..=t / period + 1).any(|k| {
+            let start = k * period + i * TURN;
+            // The cut-off send in [start, start + TOLERANCE].
+            t + room > start - TURN + TOLERANCE && t < start + TURN
+        })
+    })
+}
+
+/// Runs three acquires at one instant on a free lease-mode host with the turns of
+/// cut-off replicas given; checks each is booked at the earliest instant that keeps
+/// clear of those turns and a gap (plus its room) after the previous one, or refused
+/// when no such instant comes within two periods. `Err` names the first disagreement.
+fn keep_out_case(
+    conn: &mut Connection,
+    sha: &str,
+    now: i64,
+    n: i64,
+    turns: &[i64],
+    room: i64,
+) -> Result<(), String> {
+    conn.query(&["FLUSHDB"]).unwrap();
+    conn.query(&["SET", CLOCK, &now.to_string()]).unwrap();
+    let mut earliest = now;
+    for req in 0..3 {
+        let mut c: Vec<String> = vec!["EVALSHA".into(), sha.into(), Key::ALL.len().to_string()];
+        c.extend(Key::ALL.iter().map(|&k| KEYS[k as usize].to_owned()));
+        let period = n * TURN;
+        for arg in [
+            format!("t{req}"),
+            TURN.to_string(),
+            "10".into(),
+            "60000000".into(),
+            "0".into(),
+            "0".into(),
+            "600000000".into(),
+            "1".into(),
+            (4 * period).to_string(),
+            "0".into(),
+            "0".into(),
+            room.to_string(),
+            TOLERANCE.to_string(),
+            n.to_string(),
+        ] {
+            c.push(arg);
+        }
+        c.extend(turns.iter().map(i64::to_string));
+        let args: Vec<&str> = c.iter().map(String::as_str).collect();
+        let at = match conn.query(&args).unwrap() {
+            Reply::Integer(_) => Some(now),
+            Reply::Array(Some(items)) => match items.as_slice() {
+                [Reply::Integer(1), _, Reply::Integer(ahead)] => Some(now + ahead),
+                [Reply::Integer(0), ..] => None,
+                other => return Err(format!("unexpected reply {other:?}")),
+            },
+            other => return Err(format!("unexpected reply {other:?}")),
+        };
+        let want = (earliest..earliest + 2 * period).find(|&t| !in_keep_out(t, room, n, turns));
+        if at != want {
+            return Err(format!(
+                "acquire {req}: booked at {at:?}, the earliest clear instant is {want:?}"
+            ));
+        }
+        let Some(at) = at else { return Ok(()) };
+        earliest = at + TURN + room;
+    }
+    Ok(())
+}
+
+/// The keep-out over 300 random cases (the instant, how many replicas, which of
+/// them are cut off, the room) with `sources`; `Err` names the first case that fails.
+fn keep_out_cases(conn: &mut Connection, sources: &Sources) -> Result<(), String> {
+    let sha = load(conn, sources).acquire;
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]);
+    let mut below = |n: u64| (rng.next_u64() % n) as i64;
+    for _ in 0..300 {
+        let n = 2 + below(5);
+        let own = below(n as u64);
+        let picks = below(1 << n);
+        let turns: Vec<i64> = (0..n)
+            .filter(|&i| i != own && picks & (1 << i) != 0)
+            .collect();
+        if turns.is_empty() {
+            continue;
+        }
+        let now = 1_000_000_000 + below(1_000_000);
+        let room = [0, 40, 100, 250][below(4) as usize];
+        keep_out_case(conn, &sha, now, n, &turns, room)
+            .map_err(|why| format!("n {n}, turns {turns:?}, now {now}, room {room}: {why}"))?;
+    }
+    Ok(())
+}
+
+/// While replicas cut off from Redis send on their own in their turns, acquire.lua
+/// books every admission at the earliest instant that keeps `min_delay` less a turn's
+/// tolerance from each of those turns (and from the admission before), or refuses it
+/// when the turns leave no room; and three deliberate bugs in it are each caught.
+#[test]
+fn admissions_keep_clear_of_the_turns_of_cut_off_replicas() {
+    let server = RedisServer::start();
+    let mut conn = Connection::open(server.addr(), DEFAULT_TIMEOUT).unwrap();
+    keep_out_cases(&mut conn, &Sources::real()).unwrap();
+    for (bug, sources) in [
+        (
+            "the keep-out ignores the room of a late send",
+            Sources::acquire_with(
+                "if at + room > s - d + tol then",
+                "if at > s - d + tol then",
+            ),
+        ),
+        (
+            "the keep-out ends a microsecond early",
+            Sources::acquire_with("at = s + d\n", "at = s + d - 1\n"),
+        ),
+        (
+            "the keep-out starts without the tolerance",
+            Sources::acquire_with(
+                "if at + room > s - d + tol then",
+                "if at + room > s - d then",
+            ),
+        ),
+    ] {
+        assert!(
+            keep_out_cases(&mut conn, &sources).is_err(),
+            "{bug}: 300 cases did not notice"
+        );
+    }
+}

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redislimit::{Error, FallbackLimiter, FallbackPolicy, Limiter, RedisLimiter};
-use redislimit_tests::RedisServer;
-use redislimit_tests::record::{Recorder, assert_serialized, max_in_flight, max_in_window};
+use redislimit_tests::record::{
+    Recorder, assert_serialized, max_in_flight, max_in_window, min_send_gap,
+};
+use redislimit_tests::{RedisServer, StallProxy};
 
 use crate::{MS, bounded, host, limiter, standalone};
 
@@ -21,11 +23,23 @@ async fn replicas(
     cap: u32,
     policy: FallbackPolicy,
 ) -> Vec<Arc<FallbackLimiter<RedisLimiter>>> {
-    let all: Vec<_> = (0..REPLICAS)
-        .map(|_| {
+    let url = server.url();
+    replicas_at(&[&url, &url, &url], gap, cap, policy).await
+}
+
+/// One replica with `policy` per Redis URL of `urls`, registered.
+async fn replicas_at(
+    urls: &[&str],
+    gap: Duration,
+    cap: u32,
+    policy: FallbackPolicy,
+) -> Vec<Arc<FallbackLimiter<RedisLimiter>>> {
+    let all: Vec<_> = urls
+        .iter()
+        .map(|url| {
             Arc::new(
                 limiter(
-                    standalone(&server.url()),
+                    standalone(url),
                     |p| p.min_delay(gap),
                     |b| b.cluster_concurrency(cap).fallback_policy(policy),
                 )
@@ -41,33 +55,59 @@ async fn replicas(
         );
     }
     // Two heartbeats: every replica has read every other's entry.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     all
 }
 
+/// How long after its last renewal in the registry a replica that lost
+/// Redis waits before it sends on its own, at most: until every replica
+/// that may still reach Redis knows (see docs/DESIGN.md, "Partial
+/// outages").
+const ALONE_AFTER: Duration = Duration::from_millis(2500);
+
 /// Redis frozen, every replica sends to `a.test` from four tasks for
-/// `outage`, each request taking `work`; returns what an upstream would
-/// have recorded. Acquires still waiting when the outage ends give up.
+/// `outage` after [`ALONE_AFTER`], each request taking `work`; returns
+/// what an upstream would have recorded. Acquires still waiting when the
+/// outage ends give up.
 async fn crawl_frozen(
     server: &RedisServer,
     all: &[Arc<FallbackLimiter<RedisLimiter>>],
     outage: Duration,
     work: Duration,
 ) -> Arc<Recorder> {
-    let recorder = Arc::new(Recorder::new());
     server.pause();
+    let recorder = crawl(all, &["a.test"], ALONE_AFTER + outage, work).await;
+    server.resume();
+    recorder
+}
+
+/// Every replica sends from four tasks for `outage`, each task cycling
+/// through `hosts` (an acquire gives up after 1.5 s, and moves on), each
+/// request taking `work`; returns what an upstream would have recorded.
+async fn crawl(
+    all: &[Arc<FallbackLimiter<RedisLimiter>>],
+    hosts: &[&str],
+    outage: Duration,
+    work: Duration,
+) -> Arc<Recorder> {
+    let recorder = Arc::new(Recorder::new());
     let stop = tokio::time::Instant::now() + outage;
     let mut tasks = Vec::new();
     for (replica, l) in all.iter().enumerate() {
-        for _ in 0..4 {
+        for task in 0..4 {
             let (l, recorder) = (Arc::clone(l), Arc::clone(&recorder));
+            let hosts: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
             tasks.push(tokio::spawn(async move {
+                let mut i = task;
                 while tokio::time::Instant::now() < stop {
-                    match l.acquire_host("t", host("a.test"), Some(stop)).await {
+                    let name = &hosts[i % hosts.len()];
+                    i += 1;
+                    let give_up = stop.min(tokio::time::Instant::now() + 1500 * MS);
+                    match l.acquire_host("t", host(name), Some(give_up)).await {
                         Ok(permit) => {
                             let send = Instant::now();
                             tokio::time::sleep(work).await;
-                            recorder.record("a.test", replica, send, Instant::now());
+                            recorder.record(name, replica, send, Instant::now());
                             drop(permit);
                         }
                         Err(Error::WaitBudget { .. }) => {}
@@ -80,7 +120,6 @@ async fn crawl_frozen(
     for task in tasks {
         bounded(30, task).await.unwrap();
     }
-    server.resume();
     recorder
 }
 
@@ -258,6 +297,8 @@ async fn a_redis_back_empty_does_not_admit_beside_the_outage_owner() {
     let gap = 100 * MS;
     let all = replicas(&server, gap, 0, FallbackPolicy::Partition).await;
     server.kill();
+    // The replicas send on their own once the others would know.
+    tokio::time::sleep(ALONE_AFTER).await;
     // A host the first replica serves during the outage, which the second
     // defers.
     let soon = || Some(tokio::time::Instant::now() + Duration::from_millis(300));
@@ -304,4 +345,69 @@ async fn a_redis_back_empty_does_not_admit_beside_the_outage_owner() {
     let mut seen = recorder.host(&name);
     seen.sort_by_key(|r| r.send);
     assert_serialized(&seen, gap - 5 * MS);
+}
+
+/// Regression: one replica alone lost Redis (its connection stalled; the
+/// others still reached it) and paced at its share in-process while the
+/// others went on at the whole limit through Redis: sends 9-25 ms apart
+/// against a gap of 130 ms. Now its entry in the registry lapses, the
+/// others keep its share and its turns free, and it sends on its own only
+/// once they know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_cut_off_alone_keeps_the_shared_limit() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.addr()).await;
+    let (url, cut) = (server.url(), proxy.url());
+    let gap = 150 * MS;
+    let all = replicas_at(&[&url, &url, &cut], gap, 6, FallbackPolicy::Share).await;
+    proxy.stall();
+    let seen = crawl(&all, &["a.test"], Duration::from_secs(6), 20 * MS).await;
+    proxy.resume();
+    let mut seen = seen.host("a.test");
+    seen.sort_by_key(|r| r.send);
+    let alone = seen.iter().filter(|r| r.replica == 2).count();
+    assert!(alone >= 2, "the cut-off replica kept working: {seen:?}");
+    assert!(
+        seen.iter().filter(|r| r.replica != 2).count() >= 10,
+        "the others kept working: {seen:?}"
+    );
+    // Turns may be taken up to a tenth of the gap late.
+    let closest = min_send_gap(&seen);
+    assert!(
+        closest >= gap * 8 / 10,
+        "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
+    );
+    let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
+    assert!(
+        peak <= rate_bound(gap),
+        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
+    );
+    assert!(max_in_flight(&seen) <= 6);
+}
+
+/// Regression: in serialized mode, a replica cut off alone served the hosts
+/// it owns during an outage (`Partition`) at the whole rate while the others
+/// served them through Redis: overlapping requests, a 1 ms gap. Now the
+/// others leave its hosts to it until it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_cut_off_alone_keeps_each_serialized_host() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.addr()).await;
+    let (url, cut) = (server.url(), proxy.url());
+    let gap = 130 * MS;
+    let all = replicas_at(&[&url, &url, &cut], gap, 0, FallbackPolicy::Partition).await;
+    let names: Vec<String> = (0..24).map(|i| format!("h{i}.cut.test")).collect();
+    let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
+    proxy.stall();
+    let seen = crawl(&all, &hosts, Duration::from_secs(6), 30 * MS).await;
+    proxy.resume();
+    assert!(
+        seen.all().iter().any(|r| r.replica == 2),
+        "the cut-off replica served none of 24 hosts"
+    );
+    for name in &hosts {
+        let mut host = seen.host(name);
+        host.sort_by_key(|r| r.send);
+        assert_serialized(&host, gap - 5 * MS);
+    }
 }

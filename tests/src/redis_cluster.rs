@@ -119,6 +119,13 @@ impl RedisCluster {
         Self::create(1, FAILOVER_NODE_TIMEOUT_MS)
     }
 
+    /// Like [`RedisCluster::start_with_replicas`], with a `cluster-node-timeout` of
+    /// `node_timeout_ms`: a killed master's replica is promoted about a second after
+    /// that.
+    pub fn start_with_replicas_timeout(node_timeout_ms: u64) -> Self {
+        Self::create(1, &node_timeout_ms.to_string())
+    }
+
     fn create(replicas: usize, node_timeout_ms: &str) -> Self {
         let nodes: Vec<RedisServer> = (0..MASTERS * (1 + replicas))
             .map(|_| {

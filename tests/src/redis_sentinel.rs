@@ -43,6 +43,12 @@ impl RedisSentinel {
     /// until the replica is in sync and the Sentinel reports the master and sees the
     /// replica (so a failover can happen); panics otherwise.
     pub fn start() -> Self {
+        Self::start_down_after(1000)
+    }
+
+    /// Like [`RedisSentinel::start`], with the Sentinel taking the master for down
+    /// after `down_after_ms` without an answer (and promoting the replica then).
+    pub fn start_down_after(down_after_ms: u64) -> Self {
         // Either may serve a full sync (the replica after a failover): no 5 s batching delay.
         let no_delay = ["--repl-diskless-sync-delay", "0"];
         let master = RedisServer::start_with(&no_delay);
@@ -66,7 +72,7 @@ impl RedisSentinel {
         let name = Self::MASTER_NAME;
         let config = format!(
             "sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
-             sentinel down-after-milliseconds {name} 1000\n\
+             sentinel down-after-milliseconds {name} {down_after_ms}\n\
              sentinel failover-timeout {name} 5000\n"
         );
         let sentinel = RedisServer::launch(Launch::sentinel(config));

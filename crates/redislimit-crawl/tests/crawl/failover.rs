@@ -102,8 +102,15 @@ const PER_HOST: usize = 100;
 /// (the outage's shares are divided by what it read).
 const WARM_UP: Duration = Duration::from_millis(2500);
 
+/// How long a killed master goes unanswered before it is taken for down
+/// (`cluster-node-timeout`, `down-after-milliseconds`): longer than the
+/// 2.5 s in which replicas that lost Redis send nothing (until the others
+/// would know, see docs/DESIGN.md, "Partial outages"), so that the crawl's
+/// fallback has a second or two before the promotion.
+const DOWN_AFTER_MS: u64 = 3500;
+
 /// The longest the promotion may take: `cluster-node-timeout` or
-/// `down-after-milliseconds` (1 s), then the election, on a loaded machine.
+/// `down-after-milliseconds` ([`DOWN_AFTER_MS`]), then the election, on a loaded machine.
 const PROMOTION_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// From the promotion until sharing is judged: a replica whose circuit is
@@ -535,7 +542,7 @@ fn split_hosts(cluster: &RedisCluster, master: &RedisServer) -> (Vec<&'static st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_master_killed_mid_crawl_fails_over_and_sharing_resumes() {
     let _turn = crate::one_at_a_time().await;
-    let cluster = blocking(RedisCluster::start_with_replicas);
+    let cluster = blocking(|| RedisCluster::start_with_replicas_timeout(DOWN_AFTER_MS));
     let victim = cluster.master_of(&keys_of("a.test").gate);
     let heir = cluster
         .replica_of(victim)
@@ -663,7 +670,7 @@ fn sentinel_replica(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_master_killed_mid_crawl_fails_over_and_sharing_resumes() {
     let _turn = crate::one_at_a_time().await;
-    let set = blocking(RedisSentinel::start);
+    let set = blocking(|| RedisSentinel::start_down_after(DOWN_AFTER_MS));
     let (master, heir) = (set.master(), set.replica());
     let hosts = crate::HOSTS;
     let upstream = Upstream::start().await;

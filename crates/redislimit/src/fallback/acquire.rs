@@ -176,6 +176,28 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 return Err(report.over_budget(now, deadline, now));
             }
             let plan = self.outage.map_or(Plan::Alone, |o| o.plan(&host));
+            // Sending on its own (at its share, or as the host's one
+            // server) waits until the replicas still on the primary know
+            // this one is cut off, and keep its share free.
+            let alone_from = match plan {
+                Plan::Share { .. } | Plan::Own => self.outage.and_then(|o| o.alone_from()),
+                Plan::Alone | Plan::Defer => None,
+            };
+            if let Some(from) = alone_from
+                && from > now
+            {
+                drop((local, turn));
+                if let Some(deadline) = deadline
+                    && from > deadline
+                {
+                    tokio::time::sleep_until(deadline).await;
+                    let now = Instant::now();
+                    return Err(report.over_budget(from, deadline, now));
+                }
+                tracing::debug!(host = %host, "cut off from the primary: waiting until the other replicas know");
+                tokio::time::sleep_until(from).await;
+                continue;
+            }
             if let Some(((n, index), turn)) = turn
                 && plan == (Plan::Share { n, index })
             {

@@ -47,6 +47,12 @@ impl fmt::Display for Plan {
 pub(crate) trait OutagePlan: Send + Sync + fmt::Debug {
     /// The plan for `host` now.
     fn plan(&self, host: &HostKey) -> Plan;
+
+    /// From when this replica may send on its own (at its share, or as a
+    /// host's one server) without a replica that still reaches the primary
+    /// admitting beside it: once the others know it is cut off. `None`:
+    /// at once.
+    fn alone_from(&self) -> Option<tokio::time::Instant>;
 }
 
 /// How long after `now` (the time since the Unix epoch on the wall clock,
@@ -120,11 +126,18 @@ pub(super) fn wall_clock() -> Duration {
 /// default because it keeps every replica working on every host: nothing
 /// waits for Redis, and a replica that died just before the outage only
 /// costs the others their share of its pace. `Partition` is exact but
-/// stalls: the hosts of a replica that died just before the outage (it is
-/// counted for up to 3 s) wait for Redis, and so do the other replicas'
-/// requests for a host they do not serve (bounded by their deadline; they
-/// ask Redis again once a second). `Full` is each replica alone, as if no
-/// other existed: use it only when the replicas never share hosts.
+/// stalls: the hosts of a replica that died within a minute before the
+/// outage wait for Redis, and so do the other replicas' requests for a host
+/// they do not serve (bounded by their deadline; they ask Redis again once
+/// a second). `Full` is each replica alone, as if no other existed: use it
+/// only when the replicas never share hosts.
+///
+/// The same holds when one replica alone loses Redis: it sends on its own
+/// (at its share, or as a host's one server) only 2.5 s after its last
+/// heartbeat reached Redis, when the others have seen its registry entry
+/// lapse; they keep its share, turns or hosts free for up to a minute,
+/// or until it is back. Every outage therefore begins with up to 2.5 s
+/// without sends (none with `Full`, or with one replica).
 ///
 /// Edge cases: with one live replica every policy is `Full`. A replica
 /// that never saw the registry (it started during the outage) counts

@@ -14,6 +14,7 @@ use super::backend::CallError;
 use super::core::Core;
 use super::lateness::{Verdict, verdict};
 use super::pause::{Fit, Timing, Told, fit, pause};
+use super::registry::{Lapse, less_lapsed};
 use super::scripts::acquire::Reply;
 use super::slots::{Booking, InLine, Ticket, hand_back, new_token, permit};
 use crate::hooks::WaitReport;
@@ -24,6 +25,10 @@ use crate::{Error, Hooks, HostKey, Op, Permit, RequestPacing, WaitOutcome};
 /// How long past the caller's deadline a call that started at it may take
 /// to be answered (Redis answers in well under a millisecond).
 const CALL_GRACE: Duration = Duration::from_millis(50);
+
+/// How soon an acquire for a host that a replica cut off from Redis serves
+/// alone asks again whether it still does.
+const LAPSE_RETRY: Duration = Duration::from_millis(250);
 
 /// Runs `call`, bounded by the caller's deadline as well as by the client's
 /// timeouts, so a slow Redis cannot hold a caller far past its budget; a
@@ -74,6 +79,24 @@ pub(super) async fn acquire(
     core.agreement.touch();
     core.registry
         .ensure_heartbeat(&core.backend, &core.lifecycle, &core.agreement);
+    // A replica cut off from Redis may be sending to this host on its own:
+    // its share stays free, or the host is its alone until it is back.
+    let lapse = loop {
+        match core.registry.lapse(settings, &host) {
+            Lapse::Defer => {}
+            lapse => break lapse,
+        }
+        let retry = after(Instant::now(), LAPSE_RETRY);
+        if let Some(deadline) = deadline
+            && retry > deadline
+        {
+            tokio::time::sleep_until(deadline).await;
+            let now = Instant::now();
+            return Err(report.over_budget(retry, deadline, now));
+        }
+        tokio::time::sleep_until(retry).await;
+    };
+    less_lapsed(&mut args, lapse);
     let keys = Arc::new(settings.keys(&host));
     // For a Cluster, the circuit of the node serving the host.
     let circuit = backend.circuit(&keys.gate);

@@ -15,7 +15,7 @@ use super::circuit::{Circuit, Circuits};
 use super::clock::{RedisClock, RoundTrip};
 use super::keys::RedisKeys;
 use super::pool::{Connections, QueryError, RedisPool};
-use super::scripts::{self, ScriptError, acquire, agree, backoff};
+use super::scripts::{self, ScriptError, acquire, agree, backoff, register};
 use super::settings::Args;
 use crate::{Error, Op};
 
@@ -334,15 +334,32 @@ impl Backend {
         self.observe(keys[0], reply)
     }
 
-    /// register.lua on the scope's registry `key`: the live replicas.
+    /// register.lua on the scope's registry `key`: renews `id`'s entry for
+    /// `ttl_us` (0: reads only) and reads the live replicas and those
+    /// lapsed within `keep_us`.
     pub(super) async fn register(
         &self,
         key: &str,
         id: &str,
         ttl_us: u64,
-    ) -> Result<Vec<String>, CallError> {
-        let ids = scripts::register::run(&self.redis, key, id, ttl_us).await;
-        self.observe(key, ids)
+        keep_us: u64,
+    ) -> Result<register::Roll, CallError> {
+        let roll = register::run(&self.redis, key, id, ttl_us, keep_us).await;
+        self.observe(key, roll)
+    }
+
+    /// Removes `id`'s entry from the registry `key`: a replica that closes
+    /// leaves, so that the others do not keep its share free as a
+    /// lapsed one's.
+    pub(super) async fn leave(&self, key: &str, id: &str) -> Result<(), CallError> {
+        let mut zrem = deadpool_redis::redis::cmd("ZREM");
+        zrem.arg(key).arg(id);
+        let done = self
+            .redis
+            .query::<deadpool_redis::redis::Value>(&zrem)
+            .await
+            .map_err(ScriptError::Query);
+        self.observe(key, done).map(drop)
     }
 }
 

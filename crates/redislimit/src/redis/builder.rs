@@ -217,6 +217,8 @@ impl RedisLimiterBuilder {
                     patience_us: (concurrency_retry + pacing.jitter() + slot_margin + LINE_SLACK)
                         .as_micros()
                         .min(u128::from(crate::MAX_MICROS)) as u64,
+                    shun_n: 0,
+                    shun_turns: 0,
                 }
             })
             .collect();

@@ -71,7 +71,7 @@ use crate::{
 /// ```
 #[derive(Clone)]
 pub struct RedisLimiter {
-    core: Arc<Core>,
+    pub(super) core: Arc<Core>,
     /// False under a [`FallbackLimiter`], which reports the waits itself.
     report_waits: bool,
 }
@@ -174,7 +174,7 @@ impl RedisLimiter {
     /// replicas together keep each host's limits as the
     /// [`FallbackPolicy`](crate::FallbackPolicy) of this limiter says (by
     /// default they share them), using the replica registry every limiter
-    /// keeps up from its first acquire (one heartbeat a second, off the
+    /// keeps up from its first acquire (a heartbeat every 500 ms, off the
     /// admission path). The hooks move
     /// to the fallback limiter, which reports each decision once; this
     /// limiter keeps reporting its errors.
@@ -184,6 +184,7 @@ impl RedisLimiter {
         let plan = Arc::new(RegistryPlan {
             registry: Arc::clone(&self.core.registry),
             settings: Arc::clone(&self.core.settings),
+            backend: Arc::clone(&self.core.backend),
         });
         self.report_waits = false;
         FallbackLimiter::new(self, fallback)

@@ -15,6 +15,7 @@ use super::keys::RedisKeys;
 use super::scripts::backoff::Step;
 use super::slots::{Booking, Ticket, new_token, permit};
 use crate::limiter::heaviest;
+use crate::pacing::after;
 use crate::snapshot::{HostSnapshot, PacedBy, Snapshot, TopHosts};
 use crate::{BackoffStep, Error, HostKey, Limiter, Op, Permit};
 
@@ -231,5 +232,15 @@ pub(super) async fn close(core: &Core, deadline: Option<Instant>) -> Result<(), 
         tracing::warn!(%scope, pending, "closed with releases still pending");
         core.hooks.on_error(Op::Close, &err);
         err
-    })
+    })?;
+    // Leaves the registry, so that the others do not keep this replica's
+    // share free as a lapsed one's (best effort, within a second).
+    let leaving = core.registry.leave(&core.backend);
+    let bound = after(Instant::now(), LEAVE_WITHIN);
+    let _ = tokio::time::timeout_at(deadline.map_or(bound, |d| d.min(bound)), leaving).await;
+    Ok(())
 }
+
+/// How long `close` waits for Redis to take this replica's registry entry
+/// out, at most.
+const LEAVE_WITHIN: Duration = Duration::from_secs(1);

@@ -1,11 +1,18 @@
 //! The replica registry: each `RedisLimiter` announces itself in its scope,
 //! so that during an outage every replica knows how many peers were live
-//! just before it, and which ones.
+//! just before it, and which ones; and so that while one replica alone is
+//! cut off from Redis, the others know it may be sending on its own, and
+//! keep its share of each host free.
 //!
 //! Every limiter starts a heartbeat at its first acquire, off the
-//! admission path: every second it renews its entry (which lives 3 s
-//! unrenewed) and reads the live entries. While Redis is away the heartbeat fails and the
-//! last list read stays: that is the registry "seen before the outage".
+//! admission path: every [`HEARTBEAT`] it renews its entry (which lives
+//! [`ENTRY_TTL`] unrenewed) and reads the entries, live and lapsed. While
+//! Redis is away the heartbeat fails and the last list read stays: that is
+//! the registry "seen before the outage". While this replica's circuit is
+//! open its heartbeat reads without renewing, so that its entry lapses for
+//! the others; it sends on its own only [`ALONE_AFTER`] after the last
+//! renewal it sent, by when every replica still on Redis has read the
+//! lapse (see [`Registry::lapse`] and docs/DESIGN.md, "Partial outages").
 //! The task holds the limiter weakly and ends when the limiter is dropped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,20 +20,33 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
 use super::agreement::Agreement;
 use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
-use super::settings::Settings;
+use super::scripts::register::Roll;
+use super::settings::{Mode, Settings};
 use crate::HostKey;
 use crate::fallback::{FallbackPolicy, OutagePlan, Plan};
 
 /// How often a replica renews its entry and reads the others'.
-const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long an entry lives unrenewed: a replica that died is counted for
-/// at most this long.
-const ENTRY_TTL: Duration = Duration::from_secs(3);
+const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How long an entry lives unrenewed: a replica that died is counted live
+/// for at most this long.
+const ENTRY_TTL: Duration = Duration::from_millis(1500);
+/// How long after its last renewal was sent a replica cut off from Redis
+/// waits before it sends on its own: its entry's life, a heartbeat for
+/// the others to read the lapse, and as much again for a heartbeat of
+/// theirs that runs late and an admission they booked ahead.
+pub(super) const ALONE_AFTER: Duration = ENTRY_TTL
+    .saturating_add(HEARTBEAT)
+    .saturating_add(HEARTBEAT);
+/// How long a lapsed entry is kept and its replica's share kept free: a
+/// replica cut off alone for longer than this (or one that crashed
+/// without closing) is forgotten.
+const LAPSE_KEPT: Duration = Duration::from_secs(60);
 
 /// One limiter's entry in its scope's registry.
 #[derive(Debug)]
@@ -35,8 +55,47 @@ pub(super) struct Registry {
     id: String,
     /// Whether the heartbeat task runs.
     beating: AtomicBool,
-    /// The live replicas at the last heartbeat Redis answered, sorted.
+    /// The replicas at the last heartbeat Redis answered, live and lapsed
+    /// (this one included), sorted: the roster of outage plans.
     peers: Mutex<Option<Arc<[String]>>>,
+    /// The other replicas whose entry lapsed, as last read.
+    lapsed: Mutex<Lapsed>,
+    /// Whether `lapsed` names anyone: the admission path's one check.
+    any_lapsed: AtomicBool,
+    /// When the last renewal of this replica's entry was sent.
+    renewed: Mutex<Option<Instant>>,
+}
+
+/// The other replicas whose entry lapsed.
+#[derive(Debug, Default)]
+struct Lapsed {
+    /// Those lapsed at either of the last two heartbeats Redis answered:
+    /// a returning one keeps its share free until it has surely left its
+    /// fallback.
+    kept: Arc<[String]>,
+    /// Those lapsed at the last.
+    last: Arc<[String]>,
+}
+
+/// What the replicas cut off from Redis ask of an admission to one host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Lapse {
+    /// Nothing: no replica that lapsed serves the host on its own.
+    #[default]
+    None,
+    /// A replica that lapsed serves the host alone (`Partition`): no
+    /// admission here until it is back or forgotten.
+    Defer,
+    /// Replicas that lapsed share the host: `count` of `n` shares are
+    /// theirs, and they send in the turns whose indexes are set in `turns`.
+    Shun {
+        /// How many replicas divide the host's limits.
+        n: u32,
+        /// The lapsed replicas' turns, a bit each (turns past 63 unset).
+        turns: u64,
+        /// How many of the shares are the lapsed replicas'.
+        count: u32,
+    },
 }
 
 impl Registry {
@@ -46,6 +105,9 @@ impl Registry {
             id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             beating: AtomicBool::new(false),
             peers: Mutex::new(None),
+            lapsed: Mutex::new(Lapsed::default()),
+            any_lapsed: AtomicBool::new(false),
+            renewed: Mutex::new(None),
         }
     }
 
@@ -60,6 +122,69 @@ impl Registry {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// From when this replica may send on its own without another, still
+    /// on Redis, admitting beside it: [`ALONE_AFTER`] after the last
+    /// renewal of its entry was sent. `None` if none ever was (no replica
+    /// knows of it), or while it still renews its entry: then the node of
+    /// the registry answers it, and only another Cluster node failed, which
+    /// the other replicas cannot reach either.
+    pub(super) fn alone_from(&self, backend: &Backend) -> Option<Instant> {
+        if backend.circuit(&self.key).closed() {
+            return None;
+        }
+        let renewed = *self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
+        renewed.map(|at| at + ALONE_AFTER)
+    }
+
+    /// What the replicas that lapsed ask of an admission to `host` under
+    /// `settings`: the plan each makes for it on its own (from the roster
+    /// they all saw), added up.
+    pub(super) fn lapse(&self, settings: &Settings, host: &HostKey) -> Lapse {
+        if !self.any_lapsed.load(Ordering::Relaxed) {
+            return Lapse::None;
+        }
+        let lapsed = Arc::clone(
+            &self
+                .lapsed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .kept,
+        );
+        let Some(peers) = self.peers() else {
+            return Lapse::None;
+        };
+        let policy = settings.policies.index(host);
+        let cap = settings.args[policy].mode.in_flight();
+        let key = settings.policies.key(host);
+        let mut lapse = Lapse::None;
+        for id in lapsed.iter() {
+            let roster = Roster {
+                peers: Some(&peers),
+                me: id,
+                expected: settings.expected_replicas,
+            };
+            let divides = |n| settings.policies.at(policy).divides(n, cap);
+            match plan_for(settings.fallback_policy, &roster, &key, divides, |_| 0) {
+                Plan::Own => return Lapse::Defer,
+                Plan::Share { n, index } => {
+                    let (turns, count) = match lapse {
+                        Lapse::Shun { turns, count, .. } => (turns, count),
+                        _ => (0, 0),
+                    };
+                    let bit = 1u64.checked_shl(index).unwrap_or(0);
+                    lapse = Lapse::Shun {
+                        n,
+                        turns: turns | bit,
+                        count: count + 1,
+                    };
+                }
+                // `Full` is opt-in excess; a deferring replica sends nothing.
+                Plan::Alone | Plan::Defer => {}
+            }
+        }
+        lapse
     }
 }
 
@@ -85,23 +210,63 @@ impl Registry {
         ));
     }
 
-    /// One heartbeat: renews this replica's entry and reads the live ones.
+    /// One heartbeat: renews this replica's entry (unless its circuit is
+    /// open: then its entry lapses) and reads the others'.
     async fn beat(&self, backend: &Backend) {
-        let ttl_us = ENTRY_TTL.as_micros() as u64;
-        let call = backend.register(&self.key, &self.id, ttl_us);
+        let renew = backend.circuit(&self.key).closed();
+        if renew {
+            *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+        let ttl_us = if renew {
+            ENTRY_TTL.as_micros() as u64
+        } else {
+            0
+        };
+        let keep_us = LAPSE_KEPT.as_micros() as u64;
+        let call = backend.register(&self.key, &self.id, ttl_us, keep_us);
         // Bounded, so a pool without timeouts cannot stop the heartbeat.
         let Ok(answer) = tokio::time::timeout(HEARTBEAT, call).await else {
             return;
         };
         match answer {
-            Ok(mut ids) => {
-                if !ids.contains(&self.id) {
-                    ids.push(self.id.clone());
-                }
-                ids.sort();
-                *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(ids.into());
-            }
+            Ok(roll) => self.read(roll),
             Err(err) => tracing::debug!(error = ?err, "registry heartbeat failed"),
+        }
+    }
+
+    /// Takes in what the registry holds.
+    fn read(&self, Roll { live, lapsed }: Roll) {
+        let others: Arc<[String]> = lapsed
+            .iter()
+            .filter(|id| **id != self.id)
+            .cloned()
+            .collect();
+        let mut ids: Vec<String> = live.into_iter().chain(lapsed).collect();
+        ids.push(self.id.clone());
+        ids.sort();
+        ids.dedup();
+        *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(ids.into());
+        let mut seen = self.lapsed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept: Vec<String> = seen.last.iter().chain(others.iter()).cloned().collect();
+        kept.sort();
+        kept.dedup();
+        if others != seen.last {
+            tracing::debug!(lapsed = ?others, "replicas whose registry entry lapsed: their shares are kept free");
+        }
+        self.any_lapsed.store(!kept.is_empty(), Ordering::Relaxed);
+        *seen = Lapsed {
+            kept: kept.into(),
+            last: others,
+        };
+    }
+
+    /// Takes this replica's entry out of the registry (it closes): the
+    /// others then need not keep its share free as a lapsed replica's.
+    pub(super) async fn leave(&self, backend: &Backend) {
+        if self.beating.load(Ordering::Relaxed)
+            && let Err(err) = backend.leave(&self.key, &self.id).await
+        {
+            tracing::debug!(error = ?err, "leaving the registry failed");
         }
     }
 
@@ -124,6 +289,29 @@ impl Registry {
             |n| self.spare_turn(n),
         )
     }
+}
+
+/// `args` less the shares of the replicas `lapse` names: their part of the
+/// in-flight cap and of the quota, as `Pacing::shared_by` gives each.
+pub(super) fn less_lapsed(args: &mut super::settings::Args, lapse: Lapse) {
+    let Lapse::Shun { n, turns, count } = lapse else {
+        return;
+    };
+    if let Mode::Lease(cap) = args.mode {
+        let share = (cap.get() / n.max(1)).max(1);
+        let left = cap.get().saturating_sub(share.saturating_mul(count));
+        args.mode =
+            Mode::Lease(std::num::NonZeroU32::new(left).unwrap_or(std::num::NonZeroU32::MIN));
+    }
+    if args.quota > 0 {
+        let share = (args.quota / n.max(1)).max(1);
+        args.quota = args
+            .quota
+            .saturating_sub(share.saturating_mul(count))
+            .max(1);
+    }
+    args.shun_n = n;
+    args.shun_turns = turns;
 }
 
 /// What a replica knows of its peers when it plans a host's outage.
@@ -227,6 +415,7 @@ fn owner<'a>(peers: &'a [String], host: &HostKey) -> Option<&'a str> {
 pub(super) struct RegistryPlan {
     pub(super) registry: Arc<Registry>,
     pub(super) settings: Arc<Settings>,
+    pub(super) backend: Arc<Backend>,
 }
 
 impl std::fmt::Debug for RegistryPlan {
@@ -241,6 +430,10 @@ impl std::fmt::Debug for RegistryPlan {
 impl OutagePlan for RegistryPlan {
     fn plan(&self, host: &HostKey) -> Plan {
         self.registry.outage_plan(&self.settings, host)
+    }
+
+    fn alone_from(&self) -> Option<Instant> {
+        self.registry.alone_from(&self.backend)
     }
 }
 
@@ -323,6 +516,88 @@ mod tests {
             prop_assert!(plans(FallbackPolicy::Full, &peers, &key, divides).iter().all(|p| *p == Plan::Alone));
             prop_assert_eq!(plans(FallbackPolicy::Share, &peers[..1], &key, divides), vec![Plan::Alone]);
         }
+    }
+
+    /// A limiter (never connected) with `cap` and `policy`, and its
+    /// registry having read `others` live and `lapsed` lapsed beside it.
+    fn registry_with(
+        cap: u32,
+        policy: FallbackPolicy,
+    ) -> (crate::RedisLimiter, impl Fn(&[&str], &[&str])) {
+        let pool =
+            crate::RedisPool::standalone("redis://127.0.0.1:1/", crate::RedisTimeouts::default())
+                .unwrap();
+        let pacing = crate::Pacing::builder()
+            .min_delay(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let limiter = crate::RedisLimiter::builder(pool, "t")
+            .pacing(pacing)
+            .cluster_concurrency(cap)
+            .fallback_policy(policy)
+            .build()
+            .unwrap();
+        let registry = Arc::clone(&limiter.core.registry);
+        let read = move |live: &[&str], lapsed: &[&str]| {
+            let own = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect();
+            registry.read(Roll {
+                live: own(live),
+                lapsed: own(lapsed),
+            });
+        };
+        (limiter, read)
+    }
+
+    #[test]
+    fn a_lapsed_replicas_turn_and_share_are_kept_free_until_it_is_back() {
+        let (limiter, read) = registry_with(4, FallbackPolicy::Share);
+        let (core, a) = (&limiter.core, host_key("a.test"));
+        let lapse = || core.registry.lapse(&core.settings, &a);
+        assert_eq!(lapse(), Lapse::None);
+        read(&["b", "c"], &["d"]);
+        // The roster is b, c, d and this replica (its id sorts after them).
+        let Lapse::Shun { n, turns, count } = lapse() else {
+            panic!("{:?}", lapse());
+        };
+        assert_eq!((n, count), (4, 1));
+        let mut roster: Vec<&str> = vec!["b", "c", "d", &core.registry.id];
+        roster.sort_unstable();
+        let index = roster.iter().position(|id| *id == "d").unwrap();
+        assert_eq!(turns, 1 << index);
+        let mut args = core.settings.args[0];
+        less_lapsed(&mut args, lapse());
+        assert_eq!(args.mode.in_flight(), 3, "one of four shares is d's");
+        assert_eq!((args.shun_n, args.shun_turns), (4, turns));
+        // Back: its share stays free one more heartbeat, then not.
+        read(&["b", "c", "d"], &[]);
+        assert_eq!(lapse(), Lapse::Shun { n, turns, count });
+        read(&["b", "c", "d"], &[]);
+        assert_eq!(lapse(), Lapse::None);
+        // This replica's own lapse is not kept free from itself.
+        read(&["b"], &[&core.registry.id.clone()]);
+        assert_eq!(lapse(), Lapse::None);
+    }
+
+    #[test]
+    fn a_host_a_lapsed_replica_serves_alone_is_left_to_it() {
+        let (limiter, read) = registry_with(0, FallbackPolicy::Partition);
+        let core = &limiter.core;
+        read(&["b", "c"], &["d"]);
+        let peers = core.registry.peers().unwrap();
+        for i in 0..64 {
+            let h = host_key(&format!("h{i}.test"));
+            let key = core.settings.policies.key(&h);
+            let expected = if owner(&peers, &key) == Some("d") {
+                Lapse::Defer
+            } else {
+                Lapse::None
+            };
+            assert_eq!(core.registry.lapse(&core.settings, &h), expected, "{h}");
+        }
+    }
+
+    fn host_key(name: &str) -> HostKey {
+        HostKey::parse(&format!("http://{name}/")).unwrap()
     }
 
     #[test]

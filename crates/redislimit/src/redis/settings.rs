@@ -74,6 +74,13 @@ pub(super) struct Args {
     /// replicas until then, or longer if it asks again before another
     /// waiter finds the place lapsed.
     pub(super) patience_us: u64,
+    /// How many replicas divide the host's limits when some of them lapsed
+    /// from the registry and send on their own (0: none did; see
+    /// `registry::Lapse`).
+    pub(super) shun_n: u32,
+    /// The turns of those replicas among `shun_n`, a bit each: no admission
+    /// comes within `min_delay` (less a turn's tolerance) of one.
+    pub(super) shun_turns: u64,
 }
 
 impl Args {

@@ -19,6 +19,12 @@
 --         sent at the end of it for the quota, and in lease mode with a
 --         min_delay the next send waits min_delay after it (0 in serialized
 --         mode, where the gap counts from each completion)
+-- ARGV[13..] (only while replicas cut off from Redis share the host, in
+--         lease mode): a turn's tolerance (µs), n, then the turns (0..n-1)
+--         of those replicas. Each sends on its own at the start of its
+--         turns (slots `index`, `index + n`, ... of `min_delay` on the
+--         clock), up to the tolerance late: no admission here comes closer
+--         to one than `min_delay` less the tolerance (see clear_of_turns).
 --
 -- Returns `now` (an integer, the Redis clock in µs) when admitted at once,
 -- {1, now, ahead} when booked for a send in `ahead` µs (the slot is booked
@@ -28,6 +34,36 @@
 -- {0, lease_ttl, 3} when the host's state was of the wrong type or
 -- unparseable: it was replaced by fresh state holding the host for
 -- lease_ttl (see heal in common.lua), and nothing else was written.
+-- The earliest time from `at` at which a send (leaving up to `room`
+-- later) keeps at least `d` - `tol` from every send of the cut-off
+-- replicas in the turns ARGV[15..] of `n` (each up to `tol` into its
+-- turn); nil when none is found within a period (turns too close together
+-- to fit a send between them).
+local function clear_of_turns(at, d, room)
+  local tol, n = tonumber(ARGV[13]), tonumber(ARGV[14])
+  local period = n * d
+  if period <= 0 then
+    return at
+  end
+  for _ = 13, #ARGV do
+    local moved = false
+    for i = 15, #ARGV do
+      local o = tonumber(ARGV[i]) * d
+      -- The first of this turn's starts `s` whose keep-out (s - d + tol,
+      -- s + d) has not ended by `at`.
+      local s = o + (math.floor((at - o - d) / period) + 1) * period
+      if at + room > s - d + tol then
+        at = s + d
+        moved = true
+      end
+    end
+    if not moved then
+      return at
+    end
+  end
+  return nil
+end
+
 local gate, leases, admits, void, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token = ARGV[1]
 -- The window, the bucket width, the longest wait and the patience are
@@ -145,7 +181,23 @@ elseif ahead > 0 then
   end
 end
 
-if full == 1 or wait > horizon or behind then
+-- The turns of replicas cut off from Redis, which send on their own: a
+-- send between them, or none this period (asked again a period later).
+local shunned = false
+if ARGV[13] and full == 0 and min_delay > 0 then
+  local room = 0
+  if cap ~= 0 then
+    room = num(ARGV[12])
+  end
+  local at = clear_of_turns(now + math.max(wait, 0), min_delay, room)
+  if at then
+    wait = at - now
+  else
+    wait, shunned = math.max(wait, 0) + tonumber(ARGV[14]) * min_delay, true
+  end
+end
+
+if full == 1 or wait > horizon or behind or shunned then
   -- A clock that stepped back, or a value from elsewhere, never asks for
   -- more than the longest wait this configuration can produce.
   wait = math.min(math.max(wait, 0), num(ARGV[7]))

@@ -66,6 +66,15 @@ pub(crate) async fn run(
                 // Heavier requests stay out of the line (best fit).
                 .arg(if args.weight > 1 { 0 } else { args.patience_us })
                 .arg(args.room_us);
+            if args.shun_n > 0 {
+                // The lapsed replicas' turns: the tolerance of a turn, then
+                // n, then their indexes.
+                cmd.arg(shun_tolerance_us(args.min_delay_us))
+                    .arg(args.shun_n);
+                for index in (0..64).filter(|i| args.shun_turns & (1 << i) != 0) {
+                    cmd.arg(index);
+                }
+            }
         })
         .await;
     let reply = match reply {
@@ -73,6 +82,13 @@ pub(crate) async fn run(
         Err(err) => Err(ScriptError::Query(err)),
     };
     (reply, sent)
+}
+
+/// How late into its turn a replica taking turns in-process may send (as
+/// `fallback::plan::turn_window` says): a tenth of `min_delay`, at most
+/// 10 ms.
+fn shun_tolerance_us(min_delay_us: u64) -> u64 {
+    (min_delay_us / 10).min(10_000)
 }
 
 /// Reads the three integers, capping every wait at `max_wait_us` (as the

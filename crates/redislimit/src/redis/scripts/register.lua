@@ -1,15 +1,24 @@
 -- register.lua: a replica's heartbeat in its scope's registry.
 --
 -- KEYS[1] replicas  ZSET  replica id -> expiry (µs)
--- ARGV[1] this replica's id   ARGV[2] how long an entry lives unrenewed (µs)
+-- ARGV[1] this replica's id   ARGV[2] how long an entry lives unrenewed
+-- (µs; 0: read only, the entry is not renewed)   ARGV[3] how long (µs) a
+-- lapsed entry is kept, and named, after its expiry
 --
--- Returns the ids of the live replicas, this one included. A value of the
--- wrong type is replaced: it cannot name replicas.
-local key, id, ttl = KEYS[1], ARGV[1], tonumber(ARGV[2])
+-- Returns {live, lapsed}: the ids of the live replicas (this one included
+-- when renewed) and of those whose entry lapsed within ARGV[3], which may
+-- be sending on their own. A value of the wrong type is replaced: it
+-- cannot name replicas.
+local key, id, ttl, keep = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = clock()
-if not pcall(redis.call, 'ZREMRANGEBYSCORE', key, '-inf', int(now)) then
+if not pcall(redis.call, 'ZREMRANGEBYSCORE', key, '-inf', int(now - keep)) then
   redis.call('DEL', key)
 end
-redis.call('ZADD', key, int(now + ttl), id)
-extend(key, ttl)
-return redis.call('ZRANGE', key, 0, -1)
+if ttl > 0 then
+  redis.call('ZADD', key, int(now + ttl), id)
+  extend(key, ttl + keep)
+end
+return {
+  redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf'),
+  redis.call('ZRANGEBYSCORE', key, '-inf', int(now)),
+}

@@ -5,19 +5,31 @@ use deadpool_redis::redis::Cmd;
 use super::{REGISTER, ScriptError};
 use crate::redis::pool::Connections;
 
+/// What the registry holds: the ids of the live replicas and of those
+/// whose entry lapsed lately.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Roll {
+    /// Replicas whose entry is live.
+    pub(crate) live: Vec<String>,
+    /// Replicas whose entry lapsed within the time asked for: each may be
+    /// cut off from Redis, and sending on its own.
+    pub(crate) lapsed: Vec<String>,
+}
+
 /// Runs register.lua on the scope's registry `key` for this replica's
-/// `id`, its entry living `ttl_us` unrenewed: the ids of the live
-/// replicas, this one included.
+/// `id`: renews its entry for `ttl_us` (0: reads only), and reads the
+/// entries, those lapsed within `keep_us` included.
 pub(crate) async fn run(
     redis: &Connections,
     key: &str,
     id: &str,
     ttl_us: u64,
-) -> Result<Vec<String>, ScriptError> {
-    let ids = REGISTER
-        .run::<Vec<String>>(redis, &[key], |cmd: &mut Cmd| {
-            cmd.arg(id).arg(ttl_us);
+    keep_us: u64,
+) -> Result<Roll, ScriptError> {
+    let (live, lapsed) = REGISTER
+        .run::<(Vec<String>, Vec<String>)>(redis, &[key], |cmd: &mut Cmd| {
+            cmd.arg(id).arg(ttl_us).arg(keep_us);
         })
         .await?;
-    Ok(ids)
+    Ok(Roll { live, lapsed })
 }
