@@ -2,9 +2,11 @@
 //! real requests, seen at the upstream; a plain client on the TLS port
 //! (unavailable: the server closes on it, as a dying one would) and a
 //! client that does not trust the CA (misconfigured) fail with a typed
-//! error, in bounded time.
+//! error, in bounded time. A Cluster of nodes that speak TLS only (their
+//! bus too) paces replicas through `RedisPool::cluster_tls`.
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redislimit::{
@@ -13,10 +15,10 @@ use redislimit::{
 use redislimit_reqwest::PacingMiddleware;
 use redislimit_tests::record::assert_serialized;
 use redislimit_tests::resp::{self, Reply};
-use redislimit_tests::{RedisServer, TestCa, Upstream};
+use redislimit_tests::{RedisCluster, RedisServer, TestCa, Upstream};
 use reqwest_middleware::ClientBuilder;
 
-use crate::{MS, bounded, host, limiter};
+use crate::{MS, bounded, drive_all, host, limiter};
 
 fn trusting(server: &RedisServer) -> RedisTls {
     RedisTls::ca_pem(server.tls().expect("a TLS server").ca_pem()).unwrap()
@@ -171,4 +173,70 @@ fn tls_pools_need_rediss_urls_and_a_valid_ca() {
     );
     let err = RedisTls::ca_pem("not a certificate").unwrap_err();
     assert!(matches!(err, ConfigError::InvalidRedis { .. }), "{err}");
+}
+
+/// A Redis Cluster whose nodes speak TLS only (to clients and on the cluster
+/// bus), trusted through `RedisPool::cluster_tls`: three replicas pace hosts
+/// whose keys live on different masters, every host's requests serialized
+/// as the upstream would see them, the state in the nodes (read over TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_keeps_each_hosts_gap_across_replicas() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start_tls);
+    let urls = cluster.urls();
+    assert!(
+        urls.iter().all(|url| url.starts_with("rediss://")),
+        "{urls:?}"
+    );
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let tls = RedisTls::ca_pem(cluster.ca().expect("a TLS cluster").ca_pem()).unwrap();
+    let gap = 5 * MS;
+    let hosts = ["a.test", "b.test", "c.test", "d.test", "e.test", "f.test"];
+    let replicas: Vec<Arc<dyn Limiter>> = (0..3)
+        .map(|_| {
+            let pool = RedisPool::cluster_tls(&seeds, &tls, RedisTimeouts::default()).unwrap();
+            Arc::new(limiter(pool, |p| p.max_concurrent(2).min_delay(gap), |b| b))
+                as Arc<dyn Limiter>
+        })
+        .collect();
+    let rec = drive_all(&replicas, &hosts, 3, 6, 20 * MS).await;
+    for name in hosts {
+        let reqs = rec.host(name);
+        assert_eq!(reqs.len(), 9, "{name}");
+        assert_serialized(&reqs, gap);
+    }
+    let populated = cluster
+        .nodes()
+        .iter()
+        .filter(|n| !matches!(n.query(&["DBSIZE"]), Reply::Integer(0)))
+        .count();
+    assert!(populated >= 2, "all hosts' keys landed on one master");
+}
+
+/// The same Cluster, with a client that does not trust its CA: a typed
+/// error in bounded time, and nothing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_refuses_a_client_that_does_not_trust_it() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start_tls);
+    let urls = cluster.urls();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let stranger = RedisTls::ca_pem(TestCa::new().ca_pem()).unwrap();
+    let pool = RedisPool::cluster_tls(&seeds, &stranger, RedisTimeouts::default()).unwrap();
+    let l = limiter(pool, |p| p.min_delay(5 * MS), |b| b);
+    let err = bounded(10, l.acquire_host("t", host("a.test"), None))
+        .await
+        .expect_err("a client that does not trust the cluster's CA is refused");
+    // A Cluster client reports a failure to open its first connections as one
+    // I/O error (see docs/DESIGN.md): an outage, not a misconfiguration.
+    assert!(
+        matches!(err, Error::Unavailable { .. } | Error::Misconfigured { .. }),
+        "{err:?}"
+    );
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.query(&["DBSIZE"]),
+            Reply::Integer(0),
+            "{}",
+            node.addr()
+        );
+    }
 }

@@ -5,10 +5,11 @@ use std::{
     io,
     net::SocketAddr,
     process::{Command, Stdio},
+    sync::Arc,
     time::Duration,
 };
 
-use crate::{RedisServer, redis_server::info_field, wait::wait_until};
+use crate::{RedisServer, TestCa, redis_server::info_field, wait::wait_until};
 
 /// Number of masters; each gets a third of the slots.
 const MASTERS: usize = 3;
@@ -105,7 +106,19 @@ impl RedisCluster {
     /// Starts three masters, joins them into one cluster and waits (at most 30 s) until
     /// every node reports `cluster_state:ok`; panics otherwise.
     pub fn start() -> Self {
-        Self::create(0, NODE_TIMEOUT_MS)
+        Self::create(0, NODE_TIMEOUT_MS, None)
+    }
+
+    /// Like [`RedisCluster::start`], every node speaking TLS only (its clients' port
+    /// and the cluster bus), with certificates of one fresh [`TestCa`]: clients must
+    /// trust [`RedisCluster::ca`], and [`RedisCluster::urls`] are `rediss://`.
+    pub fn start_tls() -> Self {
+        Self::create(0, NODE_TIMEOUT_MS, Some(Arc::new(TestCa::new())))
+    }
+
+    /// The CA of a [`RedisCluster::start_tls`] cluster's certificates.
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.nodes.first().and_then(RedisServer::tls)
     }
 
     /// Starts six nodes and joins them into a cluster of three masters with one replica
@@ -116,36 +129,55 @@ impl RedisCluster {
     /// Which node is a master is decided by `redis-cli`: ask
     /// [`RedisCluster::master_of`] and [`RedisCluster::replica_of`].
     pub fn start_with_replicas() -> Self {
-        Self::create(1, FAILOVER_NODE_TIMEOUT_MS)
+        Self::create(1, FAILOVER_NODE_TIMEOUT_MS, None)
     }
 
     /// Like [`RedisCluster::start_with_replicas`], with a `cluster-node-timeout` of
     /// `node_timeout_ms`: a killed master's replica is promoted about a second after
     /// that.
     pub fn start_with_replicas_timeout(node_timeout_ms: u64) -> Self {
-        Self::create(1, &node_timeout_ms.to_string())
+        Self::create(1, &node_timeout_ms.to_string(), None)
     }
 
-    fn create(replicas: usize, node_timeout_ms: &str) -> Self {
+    fn create(replicas: usize, node_timeout_ms: &str, tls: Option<Arc<TestCa>>) -> Self {
+        let tls_args: &[&str] = if tls.is_some() {
+            &["--tls-cluster", "yes", "--tls-replication", "yes"]
+        } else {
+            &[]
+        };
         let nodes: Vec<RedisServer> = (0..MASTERS * (1 + replicas))
             .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    node_timeout_ms,
-                    "--cluster-replica-validity-factor",
-                    "0",
-                    // A replica's first full sync starts at once, not after 5 s.
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
+                let args = [
+                    tls_args,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        node_timeout_ms,
+                        "--cluster-replica-validity-factor",
+                        "0",
+                        // A replica's first full sync starts at once, not after 5 s.
+                        "--repl-diskless-sync-delay",
+                        "0",
+                    ],
+                ]
+                .concat();
+                match &tls {
+                    Some(ca) => RedisServer::start_tls_with(&args, ca),
+                    None => RedisServer::start_with(&args),
+                }
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|node| node.addr().to_string()).collect();
-        let output = Command::new("redis-cli")
+        let mut cli = Command::new("redis-cli");
+        if tls.is_some() {
+            cli.arg("--tls")
+                .arg("--cacert")
+                .arg(nodes[0].dir().join(crate::tls::CA_FILE));
+        }
+        let output = cli
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])

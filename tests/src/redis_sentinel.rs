@@ -2,11 +2,12 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 
 use crate::{
-    RedisServer,
+    RedisServer, TestCa,
     redis_server::{Launch, info_field},
     resp::Reply,
     wait::wait_until,
@@ -49,13 +50,33 @@ impl RedisSentinel {
     /// Like [`RedisSentinel::start`], with the Sentinel taking the master for down
     /// after `down_after_ms` without an answer (and promoting the replica then).
     pub fn start_down_after(down_after_ms: u64) -> Self {
+        Self::create(down_after_ms, None)
+    }
+
+    /// Like [`RedisSentinel::start`], every process speaking TLS only (the Sentinel
+    /// too, and replication between the servers), with certificates of one fresh
+    /// [`TestCa`]: clients must trust [`RedisSentinel::ca`].
+    pub fn start_tls() -> Self {
+        Self::create(1000, Some(Arc::new(TestCa::new())))
+    }
+
+    /// The CA of a [`RedisSentinel::start_tls`] deployment.
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.sentinel.tls()
+    }
+
+    fn create(down_after_ms: u64, tls: Option<Arc<TestCa>>) -> Self {
         // Either may serve a full sync (the replica after a failover): no 5 s batching delay.
         let no_delay = ["--repl-diskless-sync-delay", "0"];
-        let master = RedisServer::start_with(&no_delay);
+        let start = |args: &[&str]| match &tls {
+            Some(ca) => {
+                RedisServer::start_tls_with(&[args, &["--tls-replication", "yes"]].concat(), ca)
+            }
+            None => RedisServer::start_with(args),
+        };
+        let master = start(&no_delay);
         let master_port = master.port().to_string();
-        let replica = RedisServer::start_with(
-            &[&no_delay[..], &["--replicaof", "127.0.0.1", &master_port]].concat(),
-        );
+        let replica = start(&[&no_delay[..], &["--replicaof", "127.0.0.1", &master_port]].concat());
         wait_until(
             &format!("{} to replicate {}", replica.addr(), master.addr()),
             SETUP_TIMEOUT,
@@ -70,12 +91,19 @@ impl RedisSentinel {
         );
 
         let name = Self::MASTER_NAME;
-        let config = format!(
+        let mut config = format!(
             "sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
              sentinel down-after-milliseconds {name} {down_after_ms}\n\
              sentinel failover-timeout {name} 5000\n"
         );
-        let sentinel = RedisServer::launch(Launch::sentinel(config));
+        let mut launch = Launch::sentinel(String::new());
+        if tls.is_some() {
+            // The Sentinel talks TLS to the servers it watches.
+            config.push_str("tls-replication yes\n");
+            launch.tls = tls;
+        }
+        launch.config = Some(config);
+        let sentinel = RedisServer::launch(launch);
         let deployment = Self {
             master,
             replica,

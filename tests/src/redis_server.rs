@@ -73,7 +73,7 @@ pub(crate) struct Launch {
     /// Run as a Sentinel (`--sentinel` after the config file).
     sentinel: bool,
     /// Written to [`CONFIG_FILE`] once and passed as the first argument.
-    config: Option<String>,
+    pub(crate) config: Option<String>,
     /// `--save '' --appendonly no` (not for Sentinel, which persists nothing anyway).
     persistence_off: bool,
     /// Extra command-line configuration, after the harness's own.
@@ -83,7 +83,7 @@ pub(crate) struct Launch {
     /// The port must leave room for a Cluster bus port (`port + 10000`).
     cluster_bus: bool,
     /// Serve TLS only (`--tls-port`, `--port 0`) with a certificate of this CA.
-    tls: Option<Arc<TestCa>>,
+    pub(crate) tls: Option<Arc<TestCa>>,
 }
 
 impl Launch {
@@ -170,6 +170,15 @@ impl RedisServer {
     pub fn start_tls() -> Self {
         let mut launch = Launch::server(&[]);
         launch.tls = Some(Arc::new(TestCa::new()));
+        Self::launch(launch)
+    }
+
+    /// Like [`RedisServer::start_tls`], with a certificate of `ca` (which other servers
+    /// may share: a Cluster's nodes, a master and its replica) and extra command-line
+    /// configuration, e.g. `&["--tls-replication", "yes"]`.
+    pub fn start_tls_with(args: &[&str], ca: &Arc<TestCa>) -> Self {
+        let mut launch = Launch::server(args);
+        launch.tls = Some(Arc::clone(ca));
         Self::launch(launch)
     }
 

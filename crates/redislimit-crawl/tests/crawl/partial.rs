@@ -208,6 +208,55 @@ async fn replicas_share_a_pace_through_sentinel() {
     }
 }
 
+/// `--redis-sentinel rediss://...`: the Sentinel, the master and its replica
+/// speak TLS only; two replicas trust the CA through `SSL_CERT_FILE` (a
+/// Sentinel pool takes no CA of its own) and share one serialized pace on
+/// the master the Sentinel names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_pace_through_sentinel_over_tls() {
+    let _turn = crate::one_at_a_time().await;
+    let set = tokio::task::block_in_place(redislimit_tests::RedisSentinel::start_tls);
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, set.ca().expect("a TLS deployment").ca_pem()).unwrap();
+    let ca = ca.to_str().unwrap();
+    let sentinel = set.sentinel().url();
+    assert!(sentinel.starts_with("rediss://"), "{sentinel}");
+    let args = [
+        "--redis-sentinel",
+        &sentinel,
+        "--redis-master",
+        set.master_name(),
+        "--min-delay",
+        "30ms",
+    ];
+    let list = urls(&upstream, &["a.test"], 12, "/slow?chunks=2&every=30");
+    let replicas: Vec<_> = crate::deal(&list, 2)
+        .iter()
+        .enumerate()
+        .map(|(i, hand)| {
+            crate::spawn_with_env(
+                dir.path(),
+                i,
+                &upstream,
+                hand,
+                &args,
+                &[("SSL_CERT_FILE", ca)],
+            )
+        })
+        .collect();
+    finish(replicas).await;
+    let seen = upstream.recorder().host("a.test");
+    assert_eq!(seen.len(), 12);
+    assert!(seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1));
+    assert_serialized(&seen, 30 * MS);
+    match set.master().query(&["DBSIZE"]) {
+        Reply::Integer(keys) => assert!(keys > 0, "nothing in the master"),
+        other => panic!("DBSIZE: {other:?}"),
+    }
+}
+
 /// Redis killed (as `SHUTDOWN NOSAVE` would) and a fresh, empty one started
 /// on its port 2 s later, serialized mode: each host is served by one
 /// replica during the outage; once Redis is back, the others must not be
