@@ -90,6 +90,17 @@ async fn crawl(
     outage: Duration,
     work: Duration,
 ) -> Arc<Recorder> {
+    crawl_giving_up(all, hosts, outage, work, 1500 * MS).await
+}
+
+/// [`crawl`], an acquire giving up after `give_up`.
+async fn crawl_giving_up(
+    all: &[Arc<FallbackLimiter<RedisLimiter>>],
+    hosts: &[&str],
+    outage: Duration,
+    work: Duration,
+    give_up: Duration,
+) -> Arc<Recorder> {
     let recorder = Arc::new(Recorder::new());
     let stop = tokio::time::Instant::now() + outage;
     let mut tasks = Vec::new();
@@ -102,8 +113,8 @@ async fn crawl(
                 while tokio::time::Instant::now() < stop {
                     let name = &hosts[i % hosts.len()];
                     i += 1;
-                    let give_up = stop.min(tokio::time::Instant::now() + 1500 * MS);
-                    match l.acquire_host("t", host(name), Some(give_up)).await {
+                    let until = stop.min(tokio::time::Instant::now() + give_up);
+                    match l.acquire_host("t", host(name), Some(until)).await {
                         Ok(permit) => {
                             let send = Instant::now();
                             tokio::time::sleep(work).await;
@@ -399,7 +410,8 @@ async fn one_replica_cut_off_alone_keeps_each_serialized_host() {
     let names: Vec<String> = (0..24).map(|i| format!("h{i}.cut.test")).collect();
     let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
     proxy.stall();
-    let seen = crawl(&all, &hosts, Duration::from_secs(6), 30 * MS).await;
+    // A host served by another replica is given up soon, for the next.
+    let seen = crawl_giving_up(&all, &hosts, Duration::from_secs(6), 30 * MS, 300 * MS).await;
     proxy.resume();
     assert!(
         seen.all().iter().any(|r| r.replica == 2),

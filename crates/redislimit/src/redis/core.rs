@@ -33,6 +33,15 @@ pub(super) struct Core {
     pub(super) lifecycle: Arc<Lifecycle>,
 }
 
+impl Drop for Core {
+    /// A limiter dropped without `close()` leaves the scope's registry
+    /// too, so that the other replicas do not keep its share free as a
+    /// lapsed one's.
+    fn drop(&mut self) {
+        self.registry.leave_when_dropped(&self.backend);
+    }
+}
+
 /// The in-process queues an acquire waits in before it asks Redis; they
 /// record no hooks of their own.
 pub(super) struct Queues {

@@ -44,9 +44,10 @@ pub(super) const ALONE_AFTER: Duration = ENTRY_TTL
     .saturating_add(HEARTBEAT)
     .saturating_add(HEARTBEAT);
 /// How long a lapsed entry is kept and its replica's share kept free: a
-/// replica cut off alone for longer than this (or one that crashed
-/// without closing) is forgotten.
-const LAPSE_KEPT: Duration = Duration::from_secs(60);
+/// replica cut off alone for longer than this is forgotten (the others go
+/// back to the whole limit), and one that crashed holds its share this
+/// long, as long as a lease it held would by default.
+const LAPSE_KEPT: Duration = Duration::from_secs(30);
 
 /// One limiter's entry in its scope's registry.
 #[derive(Debug)]
@@ -55,6 +56,8 @@ pub(super) struct Registry {
     id: String,
     /// Whether the heartbeat task runs.
     beating: AtomicBool,
+    /// Whether this replica left the registry (it closed, or was dropped).
+    left: AtomicBool,
     /// The replicas at the last heartbeat Redis answered, live and lapsed
     /// (this one included), sorted: the roster of outage plans.
     peers: Mutex<Option<Arc<[String]>>>,
@@ -104,6 +107,7 @@ impl Registry {
             key: RedisKeys::replicas(prefix, scope),
             id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             beating: AtomicBool::new(false),
+            left: AtomicBool::new(false),
             peers: Mutex::new(None),
             lapsed: Mutex::new(Lapsed::default()),
             any_lapsed: AtomicBool::new(false),
@@ -264,10 +268,29 @@ impl Registry {
     /// others then need not keep its share free as a lapsed replica's.
     pub(super) async fn leave(&self, backend: &Backend) {
         if self.beating.load(Ordering::Relaxed)
+            && !self.left.swap(true, Ordering::AcqRel)
             && let Err(err) = backend.leave(&self.key, &self.id).await
         {
             tracing::debug!(error = ?err, "leaving the registry failed");
         }
+    }
+
+    /// [`leave`](Self::leave) from a limiter dropped without closing: in
+    /// the background on the current Tokio runtime (if any), within a
+    /// second. A process that exits at once, or is killed, leaves its entry
+    /// to lapse.
+    pub(super) fn leave_when_dropped(self: &Arc<Self>, backend: &Arc<Backend>) {
+        if !self.beating.load(Ordering::Relaxed) || self.left.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (registry, backend) = (Arc::clone(self), Arc::clone(backend));
+        runtime.spawn(async move {
+            let leaving = registry.leave(&backend);
+            let _ = tokio::time::timeout(Duration::from_secs(1), leaving).await;
+        });
     }
 
     /// How this replica serves `host` while Redis is unavailable, under
