@@ -924,6 +924,8 @@ const TOLERANCE: i64 = 100;
 /// tolerance to a send of a cut-off replica in one of its `turns` of `n`: a send in the
 /// first `TOLERANCE` of a turn's slot (slot `k` starts at `k * TURN`).
 fn in_keep_out(t: i64, room: i64, n: i64, turns: &[i64]) -> bool {
+    // Lateness beyond the tolerance is the hand-back's to catch.
+    let room = room.min(TOLERANCE);
     let period = n * TURN;
     turns.iter().any(|&i| {
         (t / period - 1..=t / period + 1).any(|k| {

@@ -76,27 +76,10 @@ pub(super) async fn acquire(
     args.weight = request
         .check_weight(&key, args.mode.in_flight(), args.quota)
         .map_err(|e| report.fail(e))?;
+    let weight = args.weight;
     core.agreement.touch();
     core.registry
         .ensure_heartbeat(&core.backend, &core.lifecycle, &core.agreement);
-    // A replica cut off from Redis may be sending to this host on its own:
-    // its share stays free, or the host is its alone until it is back.
-    let lapse = loop {
-        match core.registry.lapse(settings, &host) {
-            Lapse::Defer => {}
-            lapse => break lapse,
-        }
-        let retry = after(Instant::now(), LAPSE_RETRY);
-        if let Some(deadline) = deadline
-            && retry > deadline
-        {
-            tokio::time::sleep_until(deadline).await;
-            let now = Instant::now();
-            return Err(report.over_budget(retry, deadline, now));
-        }
-        tokio::time::sleep_until(retry).await;
-    };
-    less_lapsed(&mut args, lapse);
     let keys = Arc::new(settings.keys(&host));
     // For a Cluster, the circuit of the node serving the host.
     let circuit = backend.circuit(&keys.gate);
@@ -174,6 +157,26 @@ pub(super) async fn acquire(
             report.abandon();
             return Err(CallError::Skipped.into_error(Op::Acquire));
         }
+        // A replica cut off from Redis may be sending to this host on its
+        // own: its share stays free, or the host is its alone until it is
+        // back. Read before every call, as the heartbeat last saw it.
+        let lapse = core.registry.lapse(settings, &host);
+        if lapse == Lapse::Defer {
+            if lifecycle.is_closed() {
+                return Err(report.fail(Error::Closed));
+            }
+            let retry = after(Instant::now(), LAPSE_RETRY);
+            if let Some(deadline) = deadline
+                && retry > deadline
+            {
+                tokio::time::sleep_until(deadline).await;
+                let now = Instant::now();
+                return Err(report.over_budget(retry, deadline, now));
+            }
+            tokio::time::sleep_until(retry).await;
+            continue;
+        }
+        less_lapsed(&mut ticket.args, &settings.args[policy], weight, lapse);
         // A crowd of acquires (a crawl's first one per host) waits its turn
         // here, not in Redis, where its replies would outlast the response
         // timeout and open the circuit.

@@ -227,19 +227,27 @@ pub(super) async fn close(core: &Core, deadline: Option<Instant>) -> Result<(), 
     for queue in [&queues.local, &queues.pollers, &queues.heavy] {
         queue.close(None).await?;
     }
-    core.lifecycle.drain(deadline).await.map_err(|pending| {
+    let drained = core.lifecycle.drain(deadline).await.map_err(|pending| {
         let err = Error::CloseIncomplete { pending };
         tracing::warn!(%scope, pending, "closed with releases still pending");
         core.hooks.on_error(Op::Close, &err);
         err
-    })?;
+    });
     // Leaves the registry, so that the others do not keep this replica's
-    // share free as a lapsed one's (best effort, within a second).
+    // share free as a lapsed one's (best effort, within a second; if the
+    // deadline cuts it short, dropping the limiter tries again).
     let leaving = core.registry.leave(&core.backend);
     let bound = after(Instant::now(), LEAVE_WITHIN);
-    let _ = tokio::time::timeout_at(deadline.map_or(bound, |d| d.min(bound)), leaving).await;
-    Ok(())
+    let bound = deadline.map_or(bound, |d| {
+        d.min(bound).max(after(Instant::now(), LEAVE_GRACE))
+    });
+    let _ = tokio::time::timeout_at(bound, leaving).await;
+    drained
 }
+
+/// How long `close` waits for Redis to take this replica's registry entry
+/// out even when its deadline has passed.
+const LEAVE_GRACE: Duration = Duration::from_millis(50);
 
 /// How long `close` waits for Redis to take this replica's registry entry
 /// out, at most.

@@ -27,9 +27,11 @@ use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
 use super::scripts::register::Roll;
-use super::settings::{Mode, Settings};
+use super::settings::{Args, Mode, Settings};
 use crate::HostKey;
 use crate::fallback::{FallbackPolicy, OutagePlan, Plan};
+use crate::limiter::heaviest;
+use std::num::NonZeroU32;
 
 /// How often a replica renews its entry and reads the others'.
 const HEARTBEAT: Duration = Duration::from_millis(500);
@@ -56,7 +58,10 @@ pub(super) struct Registry {
     id: String,
     /// Whether the heartbeat task runs.
     beating: AtomicBool,
-    /// Whether this replica left the registry (it closed, or was dropped).
+    /// Whether this replica is leaving the registry (it closed, or was
+    /// dropped): it renews its entry no more.
+    leaving: AtomicBool,
+    /// Whether Redis took its entry out.
     left: AtomicBool,
     /// The replicas at the last heartbeat Redis answered, live and lapsed
     /// (this one included), sorted: the roster of outage plans.
@@ -107,6 +112,7 @@ impl Registry {
             key: RedisKeys::replicas(prefix, scope),
             id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             beating: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             left: AtomicBool::new(false),
             peers: Mutex::new(None),
             lapsed: Mutex::new(Lapsed::default()),
@@ -164,6 +170,11 @@ impl Registry {
         let key = settings.policies.key(host);
         let mut lapse = Lapse::None;
         for id in lapsed.iter() {
+            // Kept from the heartbeat before, and gone from the registry
+            // since (it left, or was forgotten): no turn to keep free.
+            if peers.binary_search(id).is_err() {
+                continue;
+            }
             let roster = Roster {
                 peers: Some(&peers),
                 me: id,
@@ -217,7 +228,7 @@ impl Registry {
     /// One heartbeat: renews this replica's entry (unless its circuit is
     /// open: then its entry lapses) and reads the others'.
     async fn beat(&self, backend: &Backend) {
-        let renew = backend.circuit(&self.key).closed();
+        let renew = backend.circuit(&self.key).closed() && !self.leaving.load(Ordering::Acquire);
         if renew {
             *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         }
@@ -267,11 +278,14 @@ impl Registry {
     /// Takes this replica's entry out of the registry (it closes): the
     /// others then need not keep its share free as a lapsed replica's.
     pub(super) async fn leave(&self, backend: &Backend) {
-        if self.beating.load(Ordering::Relaxed)
-            && !self.left.swap(true, Ordering::AcqRel)
-            && let Err(err) = backend.leave(&self.key, &self.id).await
-        {
-            tracing::debug!(error = ?err, "leaving the registry failed");
+        if !self.beating.load(Ordering::Relaxed) || self.left.load(Ordering::Acquire) {
+            return;
+        }
+        // No renewal from now on (one under way may still land: it lapses).
+        self.leaving.store(true, Ordering::Release);
+        match backend.leave(&self.key, &self.id).await {
+            Ok(()) => self.left.store(true, Ordering::Release),
+            Err(err) => tracing::debug!(error = ?err, "leaving the registry failed"),
         }
     }
 
@@ -314,17 +328,23 @@ impl Registry {
     }
 }
 
-/// `args` less the shares of the replicas `lapse` names: their part of the
-/// in-flight cap and of the quota, as `Pacing::shared_by` gives each.
-pub(super) fn less_lapsed(args: &mut super::settings::Args, lapse: Lapse) {
+/// `args`: the policy's arguments `base` less the shares of the replicas
+/// `lapse` names (their part of the in-flight cap and of the quota, as
+/// `Pacing::shared_by` gives each), with their turns, for a request of
+/// `weight` (at most what is left, as a share in the fallback takes it).
+pub(super) fn less_lapsed(args: &mut Args, base: &Args, weight: u32, lapse: Lapse) {
+    args.mode = base.mode;
+    args.quota = base.quota;
+    args.weight = weight;
+    args.shun_n = 0;
+    args.shun_turns = 0;
     let Lapse::Shun { n, turns, count } = lapse else {
         return;
     };
     if let Mode::Lease(cap) = args.mode {
         let share = (cap.get() / n.max(1)).max(1);
         let left = cap.get().saturating_sub(share.saturating_mul(count));
-        args.mode =
-            Mode::Lease(std::num::NonZeroU32::new(left).unwrap_or(std::num::NonZeroU32::MIN));
+        args.mode = Mode::Lease(NonZeroU32::new(left).unwrap_or(NonZeroU32::MIN));
     }
     if args.quota > 0 {
         let share = (args.quota / n.max(1)).max(1);
@@ -333,6 +353,9 @@ pub(super) fn less_lapsed(args: &mut super::settings::Args, lapse: Lapse) {
             .saturating_sub(share.saturating_mul(count))
             .max(1);
     }
+    args.weight = weight
+        .min(heaviest(args.mode.in_flight(), args.quota))
+        .max(1);
     args.shun_n = n;
     args.shun_turns = turns;
 }
@@ -395,6 +418,10 @@ async fn heartbeat(
     lifecycle: Arc<Lifecycle>,
     agreement: Weak<Agreement>,
 ) {
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the first beat starts now.
+    tick.tick().await;
     loop {
         let (Some(registry), Some(backend), Some(agreement)) =
             (registry.upgrade(), backend.upgrade(), agreement.upgrade())
@@ -412,7 +439,8 @@ async fn heartbeat(
         // Bounded, so a pool without timeouts cannot stop the heartbeat.
         let _ = tokio::time::timeout(HEARTBEAT, agreement.keep(&backend)).await;
         drop((registry, backend, agreement));
-        tokio::time::sleep(HEARTBEAT).await;
+        // Every HEARTBEAT from the last beat's start, not after its calls.
+        tick.tick().await;
     }
 }
 
@@ -456,7 +484,11 @@ impl OutagePlan for RegistryPlan {
     }
 
     fn alone_from(&self) -> Option<Instant> {
-        self.registry.alone_from(&self.backend)
+        // An admission the others booked ahead may leave that much later.
+        let booked = self.settings.book_ahead;
+        self.registry
+            .alone_from(&self.backend)
+            .map(|from| from + booked)
     }
 }
 
@@ -578,7 +610,7 @@ mod tests {
         let lapse = || core.registry.lapse(&core.settings, &a);
         assert_eq!(lapse(), Lapse::None);
         read(&["b", "c"], &["d"]);
-        // The roster is b, c, d and this replica (its id sorts after them).
+        // The roster is b, c, d and this replica, sorted.
         let Lapse::Shun { n, turns, count } = lapse() else {
             panic!("{:?}", lapse());
         };
@@ -587,10 +619,15 @@ mod tests {
         roster.sort_unstable();
         let index = roster.iter().position(|id| *id == "d").unwrap();
         assert_eq!(turns, 1 << index);
-        let mut args = core.settings.args[0];
-        less_lapsed(&mut args, lapse());
+        let base = core.settings.args[0];
+        let mut args = base;
+        less_lapsed(&mut args, &base, 4, lapse());
         assert_eq!(args.mode.in_flight(), 3, "one of four shares is d's");
+        assert_eq!(args.weight, 3, "a request takes at most what is left");
         assert_eq!((args.shun_n, args.shun_turns), (4, turns));
+        // Gone again, the arguments are the policy's.
+        less_lapsed(&mut args, &base, 4, Lapse::None);
+        assert_eq!((args.mode.in_flight(), args.weight, args.shun_n), (4, 4, 0));
         // Back: its share stays free one more heartbeat, then not.
         read(&["b", "c", "d"], &[]);
         assert_eq!(lapse(), Lapse::Shun { n, turns, count });

@@ -185,9 +185,12 @@ end
 -- send between them, or none this period (asked again a period later).
 local shunned = false
 if ARGV[13] and full == 0 and min_delay > 0 then
+  -- A send later than a turn's tolerance is the lateness hand-back's to
+  -- catch: counted whole, a busy process's room would leave no time
+  -- between two such turns, and the host would starve.
   local room = 0
   if cap ~= 0 then
-    room = num(ARGV[12])
+    room = math.min(num(ARGV[12]), tonumber(ARGV[13]))
   end
   local at = clear_of_turns(now + math.max(wait, 0), min_delay, room)
   if at then
