@@ -40,7 +40,7 @@ pub(crate) const MS: Duration = Duration::from_millis(1);
 pub(crate) const HOSTS: [&str; 3] = ["a.test", "b.test", "c.test"];
 
 /// Every host name a test may use, resolved to the upstream by `spawn`.
-const RESOLVED: [&str; 14] = [
+pub(crate) const RESOLVED: [&str; 14] = [
     "a.test",
     "b.test",
     "c.test",

@@ -176,53 +176,14 @@ async fn a_crawl_that_loses_the_agreement_exits_non_zero() {
     );
 }
 
-/// `--redis-sentinel`: two replicas find the master through a Sentinel and
-/// share one serialized pace there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_a_pace_through_sentinel() {
-    let _turn = crate::one_at_a_time().await;
-    let set = redislimit_tests::RedisSentinel::start();
+/// Two replicas crawl one host through the Sentinel of `set` (with `env`
+/// added to their environment) and must share one serialized pace on its
+/// master: bodies take 60 ms, longer than the 30 ms gap, so only the shared
+/// serialization keeps them from overlapping.
+async fn crawl_through_sentinel(set: &redislimit_tests::RedisSentinel, env: &[(&str, &str)]) {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let sentinel = set.sentinel().url();
-    let args = [
-        "--redis-sentinel",
-        &sentinel,
-        "--redis-master",
-        set.master_name(),
-        "--min-delay",
-        "30ms",
-    ];
-    // Bodies take 60 ms, longer than the gap: only the shared
-    // serialization keeps the replicas from overlapping.
-    let list = urls(&upstream, &["a.test"], 12, "/slow?chunks=2&every=30");
-    let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
-    finish(replicas).await;
-    let seen = upstream.recorder().host("a.test");
-    assert_eq!(seen.len(), 12);
-    assert!(seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1));
-    assert_serialized(&seen, 30 * MS);
-    match set.master().query(&["DBSIZE"]) {
-        Reply::Integer(keys) => assert!(keys > 0, "nothing in the master"),
-        other => panic!("DBSIZE: {other:?}"),
-    }
-}
-
-/// `--redis-sentinel rediss://...`: the Sentinel, the master and its replica
-/// speak TLS only; two replicas trust the CA through `SSL_CERT_FILE` (a
-/// Sentinel pool takes no CA of its own) and share one serialized pace on
-/// the master the Sentinel names.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_share_a_pace_through_sentinel_over_tls() {
-    let _turn = crate::one_at_a_time().await;
-    let set = tokio::task::block_in_place(redislimit_tests::RedisSentinel::start_tls);
-    let upstream = Upstream::start().await;
-    let dir = tempdir();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, set.ca().expect("a TLS deployment").ca_pem()).unwrap();
-    let ca = ca.to_str().unwrap();
-    let sentinel = set.sentinel().url();
-    assert!(sentinel.starts_with("rediss://"), "{sentinel}");
     let args = [
         "--redis-sentinel",
         &sentinel,
@@ -235,16 +196,7 @@ async fn replicas_share_a_pace_through_sentinel_over_tls() {
     let replicas: Vec<_> = crate::deal(&list, 2)
         .iter()
         .enumerate()
-        .map(|(i, hand)| {
-            crate::spawn_with_env(
-                dir.path(),
-                i,
-                &upstream,
-                hand,
-                &args,
-                &[("SSL_CERT_FILE", ca)],
-            )
-        })
+        .map(|(i, hand)| crate::spawn_with_env(dir.path(), i, &upstream, hand, &args, env))
         .collect();
     finish(replicas).await;
     let seen = upstream.recorder().host("a.test");
@@ -255,6 +207,30 @@ async fn replicas_share_a_pace_through_sentinel_over_tls() {
         Reply::Integer(keys) => assert!(keys > 0, "nothing in the master"),
         other => panic!("DBSIZE: {other:?}"),
     }
+}
+
+/// `--redis-sentinel`: two replicas find the master through a Sentinel and
+/// share one serialized pace there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_pace_through_sentinel() {
+    let _turn = crate::one_at_a_time().await;
+    let set = tokio::task::block_in_place(redislimit_tests::RedisSentinel::start);
+    crawl_through_sentinel(&set, &[]).await;
+}
+
+/// `--redis-sentinel rediss://...`: the Sentinel, the master and its replica
+/// speak TLS only; two replicas trust the CA through `SSL_CERT_FILE` (a
+/// Sentinel pool takes no CA of its own) and share one serialized pace on
+/// the master the Sentinel names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_pace_through_sentinel_over_tls() {
+    let _turn = crate::one_at_a_time().await;
+    let set = tokio::task::block_in_place(redislimit_tests::RedisSentinel::start_tls);
+    assert!(set.sentinel().url().starts_with("rediss://"));
+    let dir = tempdir();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, set.ca().expect("a TLS deployment").ca_pem()).unwrap();
+    crawl_through_sentinel(&set, &[("SSL_CERT_FILE", ca.to_str().unwrap())]).await;
 }
 
 /// Redis killed (as `SHUTDOWN NOSAVE` would) and a fresh, empty one started
@@ -278,22 +254,7 @@ async fn replicas_share_a_pace_through_sentinel_over_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restarted_empty_keeps_each_hosts_serialized_gap() {
     let _turn = crate::one_at_a_time().await;
-    let hosts = [
-        "a.test",
-        "b.test",
-        "c.test",
-        "r1.test",
-        "r2.test",
-        "r3.test",
-        "r4.test",
-        "r5.test",
-        "t.test",
-        "p.test",
-        "h.test",
-        "x.b.test",
-        "a.example.co.uk",
-        "b.example.co.uk",
-    ];
+    let hosts = crate::RESOLVED;
     for attempt in 0..2 {
         let server = RedisServer::start();
         let upstream = Upstream::start().await;
