@@ -412,7 +412,7 @@ async fn crawl_with_one_cut_off(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_alone_keeps_the_limit_and_sends_again_soon_after_the_thaw() {
     let _turn = crate::one_at_a_time().await;
-    let mode = ["--cluster-concurrency", "4", "--lease-ttl", "5s"];
+    let mode = ["--cluster-concurrency", "4", "--lease-ttl", "10s"];
     let (seen, stalled, resumed) = crawl_with_one_cut_off(&crate::HOSTS, 120, &mode).await;
     for host in crate::HOSTS {
         let mut reqs: Vec<_> = seen.iter().filter(|r| r.host == host).cloned().collect();

@@ -124,9 +124,9 @@ pub(super) fn wall_clock() -> Duration {
 /// quota smaller than N, and serialized mode, whose cap is one request) is
 /// partitioned instead, so the limits hold either way. `Share` is the
 /// default because it keeps every replica working on every host: nothing
-/// waits for Redis, and a replica that died within 30 s before the outage
+/// waits for Redis, and a replica that died within `lease_ttl` before the outage
 /// only costs the others their share of its pace. `Partition` is exact but
-/// stalls: the hosts of a replica that died within 30 s before the
+/// stalls: the hosts of a replica that died within `lease_ttl` before the
 /// outage wait for Redis, and so do the other replicas' requests for a host
 /// they do not serve (bounded by their deadline; they ask Redis again once
 /// a second). `Full` is each replica alone, as if no other existed: use it
@@ -135,7 +135,8 @@ pub(super) fn wall_clock() -> Duration {
 /// The same holds when one replica alone loses Redis: it sends on its own
 /// (at its share, or as a host's one server) only 2.5 s (plus the
 /// tuning's `book_ahead`) after it last sent a renewal of its registry
-/// entry, when the others have seen the entry lapse; they keep its share, turns or hosts free for up to 30 s,
+/// entry, when the others have seen the entry lapse; they keep its share, turns or hosts free until `lease_ttl` after its
+/// last renewal,
 /// or until it is back. Every outage therefore begins with up to 2.5 s
 /// without sends (none with `Full`, or with one replica).
 ///

@@ -276,7 +276,7 @@ impl RedisLimiterBuilder {
             |i| args[i].mode,
             self.lease_ttl,
         ));
-        let registry = Arc::new(Registry::new(&self.prefix, &self.scope));
+        let registry = Arc::new(Registry::new(&self.prefix, &self.scope, self.lease_ttl));
         let settings = Settings {
             prefix: self.prefix,
             scope: self.scope,

@@ -45,17 +45,23 @@ const ENTRY_TTL: Duration = Duration::from_millis(1500);
 pub(super) const ALONE_AFTER: Duration = ENTRY_TTL
     .saturating_add(HEARTBEAT)
     .saturating_add(HEARTBEAT);
-/// How long a lapsed entry is kept and its replica's share kept free: a
-/// replica cut off alone for longer than this is forgotten (the others go
-/// back to the whole limit), and one that crashed holds its share this
-/// long, as long as a lease it held would by default.
-const LAPSE_KEPT: Duration = Duration::from_secs(30);
+/// How long a lapsed entry is kept, and its replica's share kept free,
+/// under a `lease_ttl`: a replica cut off alone for longer than this is
+/// forgotten (the others go back to the whole limit), and one that crashed
+/// holds its share until its entry lapsed and this long after: no longer
+/// than a lease it held would (the entry lapses within [`ENTRY_TTL`] of
+/// its last renewal), and at least [`ALONE_AFTER`].
+fn lapse_kept(lease_ttl: Duration) -> Duration {
+    lease_ttl.saturating_sub(ENTRY_TTL).max(ALONE_AFTER)
+}
 
 /// One limiter's entry in its scope's registry.
 #[derive(Debug)]
 pub(super) struct Registry {
     key: String,
     id: String,
+    /// How long the registry keeps a lapsed entry (see [`lapse_kept`]).
+    keep: Duration,
     /// Whether the heartbeat task runs.
     beating: AtomicBool,
     /// Whether this replica is leaving the registry (it closed, or was
@@ -107,9 +113,10 @@ pub(super) enum Lapse {
 }
 
 impl Registry {
-    pub(super) fn new(prefix: &str, scope: &str) -> Self {
+    pub(super) fn new(prefix: &str, scope: &str, lease_ttl: Duration) -> Self {
         Self {
             key: RedisKeys::replicas(prefix, scope),
+            keep: lapse_kept(lease_ttl),
             id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             beating: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
@@ -237,7 +244,7 @@ impl Registry {
         } else {
             0
         };
-        let keep_us = LAPSE_KEPT.as_micros() as u64;
+        let keep_us = self.keep.as_micros() as u64;
         let call = backend.register(&self.key, &self.id, ttl_us, keep_us);
         // Bounded, so a pool without timeouts cannot stop the heartbeat.
         let Ok(answer) = tokio::time::timeout(HEARTBEAT, call).await else {
