@@ -19,7 +19,7 @@ local now = clock()
 local sent = now - ago
 
 
-return guarded(function()
+return guarded(KEYS, function()
 local state = redis.call('HMGET', gate, 'next', 'holder', 'busy')
 local nxt, holder, busy = number(state[1]), state[2], number(state[3])
 if nxt == nil or busy == nil then

@@ -19,7 +19,7 @@ local step = tonumber(ARGV[1])
 local start = tonumber(ARGV[2])
 local max = tonumber(ARGV[3])
 
-return guarded(function()
+return guarded(KEYS, function()
 local state = redis.call('HMGET', gate, 'next', 'backoff')
 local nxt = number(state[1])
 local gap = number(state[2])

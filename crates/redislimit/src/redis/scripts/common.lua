@@ -326,9 +326,11 @@ local function heal(keys, now, hold)
 end
 
 -- Runs `body` and returns what it returns; when it meets garbage, replaces
--- the host's state (see heal, holding it for `hold`) and returns `instead`.
--- A script runs atomically, so what `body` wrote before is never seen.
-local function guarded(body, now, hold, instead)
+-- the host's state in `keys` (see heal, holding it for `hold`) and returns
+-- `instead`. A script runs atomically, so what `body` wrote before is never
+-- seen. (The keys are passed: in a function library, these helpers are
+-- defined once at load, where no KEYS exists.)
+local function guarded(keys, body, now, hold, instead)
   local ok, result = pcall(body)
   if ok then
     return result
@@ -336,6 +338,6 @@ local function guarded(body, now, hold, instead)
   if not is_garbage(result) then
     error(result)
   end
-  heal(KEYS, now, hold)
+  heal(keys, now, hold)
   return instead
 end

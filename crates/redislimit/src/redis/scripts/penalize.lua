@@ -10,7 +10,7 @@ local gate = KEYS[1]
 local now = clock()
 local hold = tonumber(ARGV[1])
 
-return guarded(function()
+return guarded(KEYS, function()
 local nxt = number(redis.call('HGET', gate, 'next'))
 if nxt == nil then
   garbage()

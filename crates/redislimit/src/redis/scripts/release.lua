@@ -22,7 +22,7 @@ local cap, abandoned, lease_ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(AR
 local weight, width, admitted = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = clock()
 
-return guarded(function()
+return guarded(KEYS, function()
 local held
 if cap ~= 0 then
   held = zrem_all(leases, token, weight) > 0

@@ -13,7 +13,7 @@ local min_delay, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock()
 local deadline = now + lease_ttl
 
-return guarded(function()
+return guarded(KEYS, function()
 
 if cap == 0 then
   if redis.call('HGET', gate, 'holder') ~= token then
