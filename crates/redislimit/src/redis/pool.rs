@@ -1,6 +1,7 @@
 //! `RedisPool`: one type over standalone, Sentinel and Cluster deployments.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -345,6 +346,9 @@ pub(crate) struct Connections {
     /// Held while a replacement connection is being made, so a crowd of
     /// callers after a failure makes one connection, not one each.
     connecting: tokio::sync::Mutex<()>,
+    /// Whether scripts are run as Redis Functions: until the server shows
+    /// that it has none, or will not let this user load them.
+    functions: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -359,6 +363,22 @@ impl Connections {
             pool,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
+            functions: AtomicBool::new(true),
+        }
+    }
+
+    /// Whether scripts are still run as Redis Functions here.
+    pub(crate) fn functions(&self) -> bool {
+        self.functions.load(Ordering::Relaxed)
+    }
+
+    /// From now on, scripts are run with `EVALSHA` here.
+    pub(crate) fn without_functions(&self) {
+        if self.functions.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                "this Redis server runs no functions for this user (before Redis 7, \
+                 or not allowed): running the scripts with EVALSHA"
+            );
         }
     }
 
@@ -487,6 +507,19 @@ impl QueryError {
 
     pub(crate) fn is_noscript(&self) -> bool {
         matches!(self, Self::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+    }
+
+    /// Whether the server answered that the function called is not loaded.
+    pub(crate) fn is_missing_function(&self) -> bool {
+        matches!(self, Self::Redis(e) if e.to_string().contains("Function not found"))
+    }
+
+    /// Whether the server has no Redis Functions (an unknown command), or
+    /// does not let this user call or load them.
+    pub(crate) fn refuses_functions(&self) -> bool {
+        matches!(self, Self::Redis(e)
+            if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+                || e.to_string().contains("unknown command"))
     }
 }
 

@@ -1,5 +1,16 @@
-//! The Lua scripts, one per operation, and how they are run: EVALSHA, and
-//! EVAL when the server answers NOSCRIPT (a restart, a new Cluster node).
+//! The Lua scripts, one per operation, and how they are run.
+//!
+//! Where the server has Redis Functions (Redis 7 and later, Valkey), the
+//! scripts are one function library, loaded once per server: the shared
+//! helpers are then defined at load, not again on every call, and each
+//! operation is one `FCALL`. The library's name carries a hash of its
+//! source, so replicas of two versions rolled out side by side each run
+//! their own. A server without the library (a restart, a new Cluster node)
+//! answers that the function is missing: the library is loaded (`FUNCTION
+//! LOAD REPLACE`) and the call sent again. A server without Functions
+//! (before Redis 7), or a user not allowed to load them, is sent `EVALSHA`
+//! from then on, and `EVAL` when it answers NOSCRIPT.
+//!
 //! Each script's arguments and replies are read and written in the module
 //! beside its `.lua` file (`scripts/acquire.rs` for `scripts/acquire.lua`).
 
@@ -7,6 +18,7 @@ pub(super) mod acquire;
 pub(super) mod adopt;
 pub(super) mod agree;
 pub(super) mod backoff;
+mod library;
 pub(super) mod penalize;
 pub(super) mod register;
 pub(super) mod release;
@@ -19,26 +31,76 @@ use tokio::time::Instant;
 
 use super::pool::{Connections, QueryError};
 
-/// One script: its source (the shared helpers, then the operation) and its
-/// SHA-1, computed once.
+/// The helpers every operation shares.
+const COMMON: &str = include_str!("scripts/common.lua");
+
+/// Each operation: its name in the library, and its body.
+const OPS: [(&str, &str); 8] = [
+    ("acquire", include_str!("scripts/acquire.lua")),
+    ("release", include_str!("scripts/release.lua")),
+    ("renew", include_str!("scripts/renew.lua")),
+    ("penalize", include_str!("scripts/penalize.lua")),
+    ("backoff", include_str!("scripts/backoff.lua")),
+    ("agree", include_str!("scripts/agree.lua")),
+    ("register", include_str!("scripts/register.lua")),
+    ("adopt", include_str!("scripts/adopt.lua")),
+];
+
+/// The function library: its source, computed once.
+static LIBRARY: LazyLock<Library> = LazyLock::new(Library::new);
+
+struct Library {
+    /// `redislimit_` and the first 12 hex digits of the SHA-1 of the
+    /// source it would have under a fixed name: a new version of any
+    /// script is a new library, beside the old one.
+    name: String,
+    source: String,
+}
+
+impl Library {
+    fn new() -> Self {
+        let unnamed = library::function_library("redislimit", COMMON, &OPS);
+        let hash = redis::Script::new(&unnamed).get_hash().to_owned();
+        let name = format!("redislimit_{}", &hash[..12]);
+        let source = library::function_library(&name, COMMON, &OPS);
+        Self { name, source }
+    }
+
+    /// `FUNCTION LOAD REPLACE`: in a Cluster, sent to every master. The
+    /// same name always carries the same source, so replacing it is safe
+    /// whoever loaded it first.
+    fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(&self.source);
+        cmd
+    }
+}
+
+/// One script: its source for `EVAL` (the shared helpers, then the
+/// operation), its SHA-1 and its function's name, computed once.
 #[derive(Debug)]
 pub(crate) struct LuaScript {
-    source: &'static str,
+    source: String,
     sha: String,
+    function: String,
 }
 
 impl LuaScript {
-    fn new(source: &'static str) -> Self {
+    fn new(op: &str) -> Self {
+        let body = OPS
+            .iter()
+            .find(|(name, _)| *name == op)
+            .map(|(_, body)| *body)
+            .expect("every script is in OPS");
+        let source = format!("{COMMON}{body}");
         Self {
+            sha: redis::Script::new(&source).get_hash().to_owned(),
             source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
+            function: format!("{}_{op}", LIBRARY.name),
         }
     }
 
     /// Runs the script on `keys`, with the arguments `args` appends.
-    ///
-    /// One EVALSHA when the server has the script cached; otherwise EVAL,
-    /// which also caches it on the node that serves these keys.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         redis: &Connections,
@@ -49,7 +111,8 @@ impl LuaScript {
     }
 
     /// [`run`](Self::run), and when the call that ran it was sent (the
-    /// EVAL, after a NOSCRIPT).
+    /// second, after the server said the function or the script was
+    /// missing).
     pub(crate) async fn run_timed<T: FromRedisValue>(
         &self,
         redis: &Connections,
@@ -62,36 +125,51 @@ impl LuaScript {
             args(&mut cmd);
             cmd
         };
+        if redis.functions() {
+            let fcall = call("FCALL", &self.function);
+            let sent = Instant::now();
+            match redis.query(&fcall).await {
+                Err(err) if err.is_missing_function() => {
+                    match redis.query::<redis::Value>(&LIBRARY.load()).await {
+                        Ok(_) => {
+                            let sent = Instant::now();
+                            match redis.query(&fcall).await {
+                                // Loaded, yet missing where the call went
+                                // (a node that joined meanwhile): the
+                                // script, for this call.
+                                Err(err) if err.is_missing_function() => {}
+                                result => return (result, sent),
+                            }
+                        }
+                        Err(err) if err.refuses_functions() => redis.without_functions(),
+                        // Not loaded everywhere (a Cluster master down):
+                        // the script, for this call.
+                        Err(_) => {}
+                    }
+                }
+                Err(err) if err.refuses_functions() => redis.without_functions(),
+                result => return (result, sent),
+            }
+        }
         let sent = Instant::now();
         match redis.query(&call("EVALSHA", &self.sha)).await {
             Err(err) if err.is_noscript() => {
                 let sent = Instant::now();
-                (redis.query(&call("EVAL", self.source)).await, sent)
+                (redis.query(&call("EVAL", &self.source)).await, sent)
             }
             result => (result, sent),
         }
     }
 }
 
-macro_rules! script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            LuaScript::new(concat!(
-                include_str!("scripts/common.lua"),
-                include_str!(concat!("scripts/", $file))
-            ))
-        })
-    };
-}
-
-static ACQUIRE: LazyLock<LuaScript> = script!("acquire.lua");
-static RELEASE: LazyLock<LuaScript> = script!("release.lua");
-static RENEW: LazyLock<LuaScript> = script!("renew.lua");
-static PENALIZE: LazyLock<LuaScript> = script!("penalize.lua");
-static BACKOFF: LazyLock<LuaScript> = script!("backoff.lua");
-static AGREE: LazyLock<LuaScript> = script!("agree.lua");
-static REGISTER: LazyLock<LuaScript> = script!("register.lua");
-static ADOPT: LazyLock<LuaScript> = script!("adopt.lua");
+static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("acquire"));
+static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("release"));
+static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew"));
+static PENALIZE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("penalize"));
+static BACKOFF: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("backoff"));
+static AGREE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("agree"));
+static REGISTER: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("register"));
+static ADOPT: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("adopt"));
 
 /// Why a script call gave no answer its caller can use.
 #[derive(Debug)]
