@@ -15,6 +15,10 @@
 //! scripts and the sources it loads are untouched, so release builds have no way to
 //! set the clock.
 //!
+//! Both ways the limiter runs the scripts are checked: as one function library called
+//! with `FCALL` (built by the library's own code, [`library::function_library`], with
+//! the prelude after the helpers), and as scripts called with `EVALSHA`.
+//!
 //! `REDISLIMIT_MODEL_CASES` sets the number of sequences (2,000 by default); a longer
 //! run is `REDISLIMIT_MODEL_CASES=100000 cargo xtask test --test model`.
 //!
@@ -37,6 +41,9 @@ use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, Test
 use redislimit_tests::RedisServer;
 use redislimit_tests::model::{AcquireReply, Key, Model, Policy, Us};
 use redislimit_tests::resp::{Connection, DEFAULT_TIMEOUT, Reply};
+
+#[path = "../../crates/redislimit/src/redis/scripts/library.rs"]
+mod library;
 
 const COMMON: &str = include_str!("../../crates/redislimit/src/redis/scripts/common.lua");
 const ACQUIRE: &str = include_str!("../../crates/redislimit/src/redis/scripts/acquire.lua");
@@ -130,32 +137,104 @@ impl Sources {
     }
 }
 
-/// The SHA-1s of the loaded scripts.
-struct Loaded {
-    acquire: String,
-    release: String,
-    renew: String,
-    penalize: String,
-    backoff: String,
-    adopt: String,
+/// How the scripts are run: the two ways the limiter runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// One function library, each operation an `FCALL`.
+    Functions,
+    /// Each operation a script of its own, run with `EVALSHA`.
+    Scripts,
 }
 
-fn load(conn: &mut Connection, sources: &Sources) -> Loaded {
-    let common = &sources.common;
-    let mut load = |body: &str| {
-        let source = format!("{common}{PRELUDE}{body}");
-        match conn.query(&["SCRIPT", "LOAD", &source]).unwrap() {
-            Reply::Bulk(Some(sha)) => sha,
-            other => panic!("SCRIPT LOAD failed: {other:?}"),
+impl Path {
+    const BOTH: [Self; 2] = [Self::Functions, Self::Scripts];
+}
+
+/// How to call a loaded operation: the command and the function's name or
+/// the script's SHA-1.
+struct Call {
+    command: &'static str,
+    name: String,
+}
+
+impl Call {
+    /// The call on `keys` with `args`.
+    fn with(&self, keys: &[&str], args: &[String]) -> Vec<String> {
+        let mut c = vec![
+            self.command.to_owned(),
+            self.name.clone(),
+            keys.len().to_string(),
+        ];
+        c.extend(keys.iter().map(|&k| k.to_owned()));
+        c.extend_from_slice(args);
+        c
+    }
+}
+
+/// The loaded operations.
+struct Loaded {
+    acquire: Call,
+    release: Call,
+    renew: Call,
+    penalize: Call,
+    backoff: Call,
+    adopt: Call,
+}
+
+/// Loads `sources`, each with the test's prelude after common.lua, to be run
+/// the `path` way.
+fn load(conn: &mut Connection, sources: &Sources, path: Path) -> Loaded {
+    let common = format!("{}{PRELUDE}", sources.common);
+    let ops = [
+        ("acquire", &sources.acquire),
+        ("release", &sources.release),
+        ("renew", &sources.renew),
+        ("penalize", &sources.penalize),
+        ("backoff", &sources.backoff),
+        ("adopt", &sources.adopt),
+    ];
+    let calls: Vec<Call> = match path {
+        Path::Functions => {
+            const NAME: &str = "redislimit_model";
+            let ops: Vec<(&str, &str)> = ops.iter().map(|(op, b)| (*op, b.as_str())).collect();
+            let source = library::function_library(NAME, &common, &ops);
+            match conn
+                .query(&["FUNCTION", "LOAD", "REPLACE", &source])
+                .unwrap()
+            {
+                Reply::Bulk(Some(name)) if name == NAME => {}
+                other => panic!("FUNCTION LOAD failed: {other:?}"),
+            }
+            ops.iter()
+                .map(|(op, _)| Call {
+                    command: "FCALL",
+                    name: format!("{NAME}_{op}"),
+                })
+                .collect()
         }
+        Path::Scripts => ops
+            .iter()
+            .map(|(_, body)| {
+                let source = format!("{common}{body}");
+                match conn.query(&["SCRIPT", "LOAD", &source]).unwrap() {
+                    Reply::Bulk(Some(sha)) => Call {
+                        command: "EVALSHA",
+                        name: sha,
+                    },
+                    other => panic!("SCRIPT LOAD failed: {other:?}"),
+                }
+            })
+            .collect(),
     };
+    let [acquire, release, renew, penalize, backoff, adopt]: [Call; 6] =
+        calls.try_into().ok().expect("six operations");
     Loaded {
-        acquire: load(&sources.acquire),
-        release: load(&sources.release),
-        renew: load(&sources.renew),
-        penalize: load(&sources.penalize),
-        backoff: load(&sources.backoff),
-        adopt: load(&sources.adopt),
+        acquire,
+        release,
+        renew,
+        penalize,
+        backoff,
+        adopt,
     }
 }
 
@@ -395,11 +474,9 @@ fn run(
     for (step, &op) in case.ops.iter().enumerate() {
         let mut call: Vec<String> = Vec::new();
         // Each script gets the keys the limiter gives it: what a heal replaces.
-        let eval = |sha: &str, keys: &[Key], args: &[String]| -> Vec<String> {
-            let mut c = vec!["EVALSHA".to_owned(), sha.to_owned(), keys.len().to_string()];
-            c.extend(keys.iter().map(|&k| KEYS[k as usize].to_owned()));
-            c.extend_from_slice(args);
-            c
+        let eval = |call: &Call, keys: &[Key], args: &[String]| -> Vec<String> {
+            let keys: Vec<&str> = keys.iter().map(|&k| KEYS[k as usize]).collect();
+            call.with(&keys, args)
         };
         let weight = |req: usize| case.weights[req];
         let s = |n: i64| n.to_string();
@@ -686,16 +763,17 @@ fn run(
     Ok(())
 }
 
-/// Runs `cases` sequences against `sources` on a fresh server; the error is the
+/// Runs `cases` sequences against `sources`, run the `path` way, on a fresh server; the error is the
 /// smallest failing sequence proptest found.
 fn check(
     sources: &Sources,
+    path: Path,
     cases: u32,
     rng: Option<TestRng>,
 ) -> (Result<(), TestError<Case>>, Seen) {
     let server = RedisServer::start();
     let conn = RefCell::new(Connection::open(server.addr(), DEFAULT_TIMEOUT).unwrap());
-    let loaded = load(&mut conn.borrow_mut(), sources);
+    let loaded = load(&mut conn.borrow_mut(), sources, path);
     let config = Config {
         cases,
         failure_persistence: None,
@@ -731,14 +809,25 @@ fn cases() -> u32 {
     }
 }
 
+/// The scripts as the limiter runs them where the server has functions.
+#[test]
+fn the_functions_answer_as_the_model_does() {
+    answers_as_the_model_does(Path::Functions);
+}
+
+/// The scripts as the limiter runs them where it has no functions.
 #[test]
 fn the_scripts_answer_as_the_model_does() {
+    answers_as_the_model_does(Path::Scripts);
+}
+
+fn answers_as_the_model_does(path: Path) {
     let cases = cases();
-    let (result, seen) = check(&Sources::real(), cases, None);
+    let (result, seen) = check(&Sources::real(), path, cases, None);
     if let Err(failure) = result {
-        panic!("the scripts and the model disagree: {failure}");
+        panic!("{path:?}: the scripts and the model disagree: {failure}");
     }
-    println!("{cases} sequences: {seen:?}");
+    println!("{path:?}, {cases} sequences: {seen:?}");
     // The sequences reached every kind of answer, many times over.
     let floor = usize::try_from(cases / 20).unwrap();
     for (what, n) in [
@@ -882,13 +971,18 @@ fn a_broken_script_is_caught() {
         ),
     ];
     for (bug, sources) in mutants {
-        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
-        match check(&sources, 2_000, Some(rng)).0 {
-            Err(TestError::Fail(reason, case)) => {
-                println!("{bug}: caught with {} steps: {reason}", case.ops.len());
+        for path in Path::BOTH {
+            let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+            match check(&sources, path, 2_000, Some(rng)).0 {
+                Err(TestError::Fail(reason, case)) => {
+                    println!(
+                        "{bug}, {path:?}: caught with {} steps: {reason}",
+                        case.ops.len()
+                    );
+                }
+                Err(other) => panic!("{bug}, {path:?}: the run ended without a verdict: {other}"),
+                Ok(()) => panic!("{bug}, {path:?}: 2,000 sequences did not notice the bug"),
             }
-            Err(other) => panic!("{bug}: the run ended without a verdict: {other}"),
-            Ok(()) => panic!("{bug}: 2,000 sequences did not notice the bug"),
         }
     }
 }
@@ -942,7 +1036,7 @@ fn in_keep_out(t: i64, room: i64, n: i64, turns: &[i64]) -> bool {
 /// when no such instant comes within two periods. `Err` names the first disagreement.
 fn keep_out_case(
     conn: &mut Connection,
-    sha: &str,
+    acquire: &Call,
     now: i64,
     n: i64,
     turns: &[i64],
@@ -952,8 +1046,7 @@ fn keep_out_case(
     conn.query(&["SET", CLOCK, &now.to_string()]).unwrap();
     let mut earliest = now;
     for req in 0..3 {
-        let mut c: Vec<String> = vec!["EVALSHA".into(), sha.into(), Key::ALL.len().to_string()];
-        c.extend(Key::ALL.iter().map(|&k| KEYS[k as usize].to_owned()));
+        let mut args: Vec<String> = Vec::new();
         let period = n * TURN;
         for arg in [
             format!("t{req}"),
@@ -971,9 +1064,10 @@ fn keep_out_case(
             TOLERANCE.to_string(),
             n.to_string(),
         ] {
-            c.push(arg);
+            args.push(arg);
         }
-        c.extend(turns.iter().map(i64::to_string));
+        args.extend(turns.iter().map(i64::to_string));
+        let c = acquire.with(&KEYS, &args);
         let args: Vec<&str> = c.iter().map(String::as_str).collect();
         let at = match conn.query(&args).unwrap() {
             Reply::Integer(_) => Some(now),
@@ -997,9 +1091,10 @@ fn keep_out_case(
 }
 
 /// The keep-out over 300 random cases (the instant, how many replicas, which of
-/// them are cut off, the room) with `sources`; `Err` names the first case that fails.
-fn keep_out_cases(conn: &mut Connection, sources: &Sources) -> Result<(), String> {
-    let sha = load(conn, sources).acquire;
+/// them are cut off, the room) with `sources` run the `path` way; `Err` names the
+/// first case that fails.
+fn keep_out_cases(conn: &mut Connection, sources: &Sources, path: Path) -> Result<(), String> {
+    let acquire = load(conn, sources, path).acquire;
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]);
     let mut below = |n: u64| (rng.next_u64() % n) as i64;
     for _ in 0..300 {
@@ -1014,7 +1109,7 @@ fn keep_out_cases(conn: &mut Connection, sources: &Sources) -> Result<(), String
         }
         let now = 1_000_000_000 + below(1_000_000);
         let room = [0, 40, 100, 250][below(4) as usize];
-        keep_out_case(conn, &sha, now, n, &turns, room)
+        keep_out_case(conn, &acquire, now, n, &turns, room)
             .map_err(|why| format!("n {n}, turns {turns:?}, now {now}, room {room}: {why}"))?;
     }
     Ok(())
@@ -1028,7 +1123,9 @@ fn keep_out_cases(conn: &mut Connection, sources: &Sources) -> Result<(), String
 fn admissions_keep_clear_of_the_turns_of_cut_off_replicas() {
     let server = RedisServer::start();
     let mut conn = Connection::open(server.addr(), DEFAULT_TIMEOUT).unwrap();
-    keep_out_cases(&mut conn, &Sources::real()).unwrap();
+    for path in Path::BOTH {
+        keep_out_cases(&mut conn, &Sources::real(), path).unwrap();
+    }
     for (bug, sources) in [
         (
             "the keep-out ignores the room of a late send",
@@ -1049,9 +1146,11 @@ fn admissions_keep_clear_of_the_turns_of_cut_off_replicas() {
             ),
         ),
     ] {
-        assert!(
-            keep_out_cases(&mut conn, &sources).is_err(),
-            "{bug}: 300 cases did not notice"
-        );
+        for path in Path::BOTH {
+            assert!(
+                keep_out_cases(&mut conn, &sources, path).is_err(),
+                "{bug}, {path:?}: 300 cases did not notice"
+            );
+        }
     }
 }
