@@ -26,6 +26,98 @@ fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// The scripts run as one function library, loaded by the first call that
+/// finds it missing: on a fresh server, and again when the server lost it
+/// (`FUNCTION FLUSH`, as a restart without persistence does). Counted by
+/// Redis, with the library it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_are_one_function_library_loaded_again_when_lost() {
+    let server = RedisServer::start();
+    let l = limiter(standalone(&server.url()), |p| p.min_delay(MS), |b| b);
+    let libraries = || {
+        server
+            .command(&["FUNCTION", "LIST"])
+            .matches("redislimit_")
+            .count()
+    };
+    // Calls sent together before the first load (the acquire, the
+    // agreement, the registry) may each load it: loading is idempotent.
+    let loaded = |calls: &BTreeMap<String, u64>| calls.get("function|load").copied().unwrap_or(0);
+    let scripts = |calls: &BTreeMap<String, u64>| {
+        calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
+    };
+    drop(l.acquire_host("t", host("a.test"), None).await.unwrap());
+    let calls = command_calls(&server);
+    assert!(loaded(&calls) >= 1, "{calls:?}");
+    assert_eq!(scripts(&calls), 0, "{calls:?}");
+    assert!(
+        libraries() >= 1,
+        "no library: {}",
+        server.command(&["FUNCTION", "LIST"])
+    );
+
+    server.command(&["FUNCTION", "FLUSH"]);
+    server.command(&["CONFIG", "RESETSTAT"]);
+    drop(l.acquire_host("t", host("b.test"), None).await.unwrap());
+    let calls = command_calls(&server);
+    // The call that found it missing, the load, the call again.
+    assert!(loaded(&calls) >= 1, "{calls:?}");
+    assert!(calls.get("fcall").copied().unwrap_or(0) >= 2, "{calls:?}");
+    assert_eq!(scripts(&calls), 0, "{calls:?}");
+    assert!(libraries() >= 1, "not loaded again");
+}
+
+/// A user the server does not let load functions (an ACL without
+/// `FUNCTION`) is paced with `EVALSHA` instead, from the first refusal on,
+/// at the same pace: the host's second admission comes a `min_delay` after
+/// the first (less what the two round trips may differ by).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_not_allowed_functions_is_paced_with_evalsha() {
+    let server = RedisServer::start();
+    server.command(&[
+        "ACL",
+        "SETUSER",
+        "paced",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "-function",
+    ]);
+    let url = server
+        .url()
+        .replacen("redis://", "redis://paced:secret@", 1);
+    let l = limiter(standalone(&url), |p| p.min_delay(200 * MS), |b| b);
+    drop(l.acquire_host("t", host("a.test"), None).await.unwrap());
+    let first = std::time::Instant::now();
+    drop(l.acquire_host("t", host("a.test"), None).await.unwrap());
+    let gap = first.elapsed();
+    assert!(
+        gap >= 150 * MS,
+        "the second send came {gap:?} after the first"
+    );
+    drop(l.acquire_host("t", host("b.test"), None).await.unwrap());
+    let calls = command_calls(&server);
+    // The calls sent together before the first refusal (the acquire, the
+    // agreement, the registry) tried FCALL; none after it.
+    let tried = calls.get("fcall").copied().unwrap_or(0);
+    assert!((1..=3).contains(&tried), "{calls:?}");
+    assert!(
+        calls.get("evalsha").copied().unwrap_or(0) >= 3,
+        "the acquires ran with EVALSHA: {calls:?}"
+    );
+    assert_eq!(
+        calls.get("function|load").copied().unwrap_or(0),
+        0,
+        "a refused load is not counted: {calls:?}"
+    );
+    server.command(&["CONFIG", "RESETSTAT"]);
+    drop(l.acquire_host("t", host("c.test"), None).await.unwrap());
+    let calls = command_calls(&server);
+    assert_eq!(calls.get("fcall"), None, "{calls:?}");
+    assert!(calls.contains_key("evalsha"), "{calls:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
     let server = RedisServer::start();
@@ -63,11 +155,10 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
         let permit = l.acquire_host("t", host("free.test"), None).await.unwrap();
         let calls = command_calls(&server);
         drop(permit);
-        assert_eq!(calls.get("evalsha"), Some(&1), "cap {cap}: {calls:?}");
+        assert_eq!(calls.get("fcall"), Some(&1), "cap {cap}: {calls:?}");
         for (name, n) in &calls {
-            let expected = name == "evalsha"
-                || name == "config|resetstat"
-                || in_script.contains(&name.as_str());
+            let expected =
+                name == "fcall" || name == "config|resetstat" || in_script.contains(&name.as_str());
             assert!(
                 expected,
                 "cap {cap}: an acquire also sent {name} ({n} calls): {calls:?}"
@@ -76,7 +167,7 @@ async fn an_admitted_acquire_on_a_free_host_is_one_script_call() {
         // The release is one script call, sent off the caller's path.
         tokio::time::sleep(50 * MS).await;
         let after = command_calls(&server);
-        assert_eq!(after.get("evalsha"), Some(&2), "cap {cap}: {after:?}");
+        assert_eq!(after.get("fcall"), Some(&2), "cap {cap}: {after:?}");
     }
 }
 

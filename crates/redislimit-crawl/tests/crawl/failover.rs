@@ -207,7 +207,9 @@ fn scripting_clients(lines: &[String], host: &str) -> BTreeSet<String> {
     let gate = format!("\"{}\"", keys_of(host).gate);
     lines
         .iter()
-        .filter(|line| line.contains("\"EVALSHA\"") && line.contains(&gate))
+        .filter(|line| {
+            (line.contains("\"FCALL\"") || line.contains("\"EVALSHA\"")) && line.contains(&gate)
+        })
         .filter_map(|line| {
             let inside = line.split_once('[')?.1.split_once(']')?.0;
             Some(inside.split_once(' ')?.1.to_owned())

@@ -148,7 +148,11 @@ fn script_calls(redis: &RedisServer) -> u64 {
     let stats = redis.command(&["INFO", "commandstats"]);
     stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?

@@ -1,7 +1,9 @@
 //! What an admitted acquire and a release cost Redis, from `INFO
 //! commandstats`: commands per operation and server microseconds per call,
 //! against a plain INCR (the floor) and a minimal one-round-trip GCRA
-//! script (the peer), and again with 1,000 live leases on one host.
+//! script (the peer) called the same way (`FCALL` of a function library,
+//! and `EVALSHA` for servers without functions), and again with 1,000 live
+//! leases on one host.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,6 +28,13 @@ if tat - now > 0 then return tat - now end
 redis.call('SET', KEYS[1], string.format('%.0f', tat + interval), 'PX', math.ceil(interval / 1000) + 1000)
 return 0
 "#;
+
+/// The same GCRA as a function library of its own.
+fn gcra_library() -> String {
+    format!(
+        "#!lua name=bench_gcra\nredis.register_function('bench_gcra', function(KEYS, ARGV)\n{GCRA}\nend)"
+    )
+}
 
 /// name -> (calls, usec).
 fn stats(server: &RedisServer) -> BTreeMap<String, (f64, f64)> {
@@ -65,7 +74,16 @@ impl Tally {
         self.sent += s
             .iter()
             .filter(|(name, _)| {
-                ["evalsha", "eval", "incr", "ping", "script|load"].contains(&name.as_str())
+                [
+                    "fcall",
+                    "function|load",
+                    "evalsha",
+                    "eval",
+                    "incr",
+                    "ping",
+                    "script|load",
+                ]
+                .contains(&name.as_str())
             })
             .map(|(_, (c, _))| c)
             .sum::<f64>();
@@ -110,6 +128,42 @@ async fn admitted(limiter: &RedisLimiter, host: HostKey) -> Permit {
     limiter.acquire_host("bench", host, None).await.unwrap()
 }
 
+/// Acquires on `count` free hosts from `from` on (permits kept in
+/// `held`, so no release interferes), in turns with as many GCRA checks
+/// (`gcra`: the command and the function's name or the script's SHA-1) and
+/// INCRs, block by block; `command` is what the limiter's calls are counted
+/// as.
+#[allow(clippy::too_many_arguments)]
+async fn measure_acquires(
+    server: &RedisServer,
+    limiter: &RedisLimiter,
+    command: &str,
+    gcra: [&str; 2],
+    from: usize,
+    count: usize,
+    held: &mut Vec<Permit>,
+) -> (Tally, Tally, Tally) {
+    let (mut acquire, mut peer, mut floor) = (Tally::default(), Tally::default(), Tally::default());
+    let block = count / ROUNDS;
+    server.command(&["CONFIG", "RESETSTAT"]);
+    for round in 0..ROUNDS {
+        let hosts = from + round * block..from + (round + 1) * block;
+        for i in hosts.clone() {
+            held.push(admitted(limiter, host(i)).await);
+        }
+        acquire.add(server, command, block);
+        for i in hosts {
+            server.command(&[gcra[0], gcra[1], "1", &format!("bench:gcra:{i}"), "1000"]);
+        }
+        peer.add(server, &gcra[0].to_ascii_lowercase(), block);
+        for _ in 0..block {
+            server.command(&["INCR", "bench:floor"]);
+        }
+        floor.add(server, "incr", block);
+    }
+    (acquire, peer, floor)
+}
+
 pub(crate) async fn run() -> Vec<Figure> {
     let server = RedisServer::start();
     let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
@@ -119,35 +173,62 @@ pub(crate) async fn run() -> Vec<Figure> {
         .build()
         .unwrap();
     drop(admitted(&limiter, host(usize::MAX)).await);
+    // The same limiter for a user not allowed functions (neither to load
+    // nor to call them): it runs the scripts with EVALSHA, as on a server
+    // without functions.
+    server.command(&[
+        "ACL",
+        "SETUSER",
+        "nofunctions",
+        "on",
+        ">bench",
+        "~*",
+        "+@all",
+        "-function",
+        "-fcall",
+    ]);
+    let url = server
+        .url()
+        .replacen("redis://", "redis://nofunctions:bench@", 1);
+    let scripted = RedisLimiter::builder(
+        RedisPool::standalone(&url, RedisTimeouts::default()).unwrap(),
+        "bench",
+    )
+    .pacing(Pacing::builder().max_concurrent(4000).build().unwrap())
+    .cluster_concurrency(4000)
+    .build()
+    .unwrap();
+    drop(admitted(&scripted, host(usize::MAX - 3)).await);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let sha = server.command(&["SCRIPT", "LOAD", GCRA]);
     let sha = sha.lines().last().unwrap_or_default().trim().to_owned();
+    server.command(&["FUNCTION", "LOAD", "REPLACE", &gcra_library()]);
 
-    // Admitted acquires on free hosts (permits kept, so no release
-    // interferes), the peer (a minimal GCRA script, one EVALSHA per check)
-    // and the floor (a plain INCR), block by block.
-    let (mut acquire, mut gcra, mut floor) = (Tally::default(), Tally::default(), Tally::default());
-    let block = N / ROUNDS;
-    let mut held: Vec<Permit> = Vec::with_capacity(N);
-    server.command(&["CONFIG", "RESETSTAT"]);
-    for round in 0..ROUNDS {
-        for i in round * block..(round + 1) * block {
-            held.push(admitted(&limiter, host(i)).await);
-        }
-        acquire.add(&server, "evalsha", block);
-        for i in round * block..(round + 1) * block {
-            server.command(&["EVALSHA", &sha, "1", &format!("bench:gcra:{i}"), "1000"]);
-        }
-        gcra.add(&server, "evalsha", block);
-        for _ in 0..block {
-            server.command(&["INCR", "bench:floor"]);
-        }
-        floor.add(&server, "incr", block);
-    }
+    let mut held: Vec<Permit> = Vec::with_capacity(2 * N);
+    let (acquire, gcra, floor) = measure_acquires(
+        &server,
+        &limiter,
+        "fcall",
+        ["FCALL", "bench_gcra"],
+        0,
+        N,
+        &mut held,
+    )
+    .await;
+    let (scripted_acquire, scripted_gcra, _) = measure_acquires(
+        &server,
+        &scripted,
+        "evalsha",
+        ["EVALSHA", &sha],
+        N * 10,
+        N,
+        &mut held,
+    )
+    .await;
     held.clear();
     tokio::time::sleep(Duration::from_millis(500)).await; // the spawned releases land
     let mut release = Tally::default();
-    release.add(&server, "evalsha", N);
+    release.add(&server, "fcall", N);
 
     // 1,000 live leases on one host, then more acquires on that host, in
     // turns with acquires on hosts holding one lease each: the same work
@@ -169,11 +250,11 @@ pub(crate) async fn run() -> Vec<Figure> {
         for _ in 0..block {
             leases.push(admitted(&limiter, busy.clone()).await);
         }
-        crowded.add(&server, "evalsha", block);
+        crowded.add(&server, "fcall", block);
         for i in round * block..(round + 1) * block {
             leases.push(admitted(&limiter, one(i)).await);
         }
-        single.add(&server, "evalsha", block);
+        single.add(&server, "fcall", block);
     }
     drop(leases);
     let (acquire_us, acquire_cmds) = (acquire.per_call(), acquire.per_op());
@@ -214,7 +295,8 @@ pub(crate) async fn run() -> Vec<Figure> {
         .map(|key| server.memory_usage(key) as f64)
         .sum();
 
-    let params = json!({ "operations": N, "rounds": ROUNDS, "redis": "standalone, loopback", "mode": "lease, cap 4000" });
+    let params = json!({ "operations": N, "rounds": ROUNDS, "redis": "standalone, loopback", "mode": "lease, cap 4000", "called_as": "FCALL" });
+    let scripted_params = json!({ "operations": N, "rounds": ROUNDS, "redis": "standalone, loopback", "mode": "lease, cap 4000", "called_as": "EVALSHA" });
     vec![
         Figure::new(
             "redis_acquire_commands_per_op",
@@ -232,6 +314,14 @@ pub(crate) async fn run() -> Vec<Figure> {
             "µs/call",
             params.clone(),
         ).at_most(1.5),
+        Figure::new(
+            "redis_acquire_server_us_evalsha",
+            scripted_acquire.per_call(),
+            scripted_gcra.per_call(),
+            "GCRA script",
+            "µs/call",
+            scripted_params,
+        ).informative("the same acquire on a server without functions, against GCRA called with EVALSHA too"),
         Figure::new(
             "redis_acquire_server_us_vs_floor",
             acquire_us,
