@@ -9,7 +9,7 @@ use redislimit_tests::RedisServer;
 use crate::{MS, host, limiter, standalone};
 
 /// `cmdstat_<name>:calls=N,...` lines, as name -> calls.
-fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
+pub(crate) fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
     server
         .command(&["INFO", "commandstats"])
         .lines()

@@ -18,6 +18,7 @@ mod misconfig;
 mod modes;
 mod policies;
 mod renewal;
+mod rollout;
 mod shutdown;
 mod tls;
 mod topologies;
