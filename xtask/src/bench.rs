@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::{Failure, cargo, header, project_root, step};
+use crate::{Failure, cargo, header, step, target_dir};
 
 /// What the in-process figures are measured against.
 const GOVERNOR: &str = "governor keyed check + tokio Semaphore acquire/release";
@@ -74,10 +74,11 @@ const MICRO: [(&str, &str, &str, &str, Goal, &str, f64); 5] = [
     ),
 ];
 
-/// The mean of a criterion benchmark of the `in_process` group, in ns.
-fn criterion_mean(root: &Path, bench: &str) -> Result<f64, Failure> {
-    let path = root
-        .join("target/criterion/in_process")
+/// The mean of a criterion benchmark of the `in_process` group, in ns
+/// (criterion writes under cargo's target directory, `target`).
+fn criterion_mean(target: &Path, bench: &str) -> Result<f64, Failure> {
+    let path = target
+        .join("criterion/in_process")
         .join(bench)
         .join("new/estimates.json");
     let text = std::fs::read_to_string(&path)
@@ -106,14 +107,14 @@ pub(crate) fn build_crawl() -> Result<(), Failure> {
 }
 
 pub(crate) fn run() -> Result<(), Failure> {
-    let root = project_root();
+    let target = target_dir()?;
     header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
     crate::redis::ensure_installed().map_err(|detail| Failure::new("bench", detail))?;
     step(
         "bench",
         cargo().args(["bench", "-p", "redislimit", "--bench", "overhead"]),
     )?;
-    let system = root.join("target/bench/system.json");
+    let system = target.join("bench/system.json");
     build_crawl()?;
     step(
         "bench",
@@ -135,8 +136,8 @@ pub(crate) fn run() -> Result<(), Failure> {
     let mut figures = Vec::new();
     for (name, ours, baseline, baseline_is, goal, pacing, per) in MICRO {
         let (ours, baseline) = (
-            criterion_mean(&root, ours)? / per,
-            criterion_mean(&root, baseline)? / per,
+            criterion_mean(&target, ours)? / per,
+            criterion_mean(&target, baseline)? / per,
         );
         let mut figure = json!({
             "name": name,
@@ -204,7 +205,7 @@ pub(crate) fn run() -> Result<(), Failure> {
             format!(" (not met: {}; see docs/PERFORMANCE.md)", unmet.join(", "))
         }
     );
-    let summary = root.join("target/bench/summary.json");
+    let summary = target.join("bench/summary.json");
     let text =
         serde_json::to_string_pretty(&figures).map_err(|e| Failure::new("bench", e.to_string()))?;
     std::fs::write(&summary, text)

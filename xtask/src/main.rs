@@ -18,7 +18,7 @@ use std::{
     ffi::OsString,
     fmt,
     path::{Path, PathBuf},
-    process::{Command, ExitCode},
+    process::{Command, ExitCode, Stdio},
 };
 
 use clap::{Parser, Subcommand};
@@ -48,11 +48,12 @@ enum Task {
         #[arg(last = true, hide = true)]
         test_args: Vec<String>,
     },
-    /// Run every benchmark, print a table and write target/bench/summary.json.
+    /// Run every benchmark, print a table and write target/bench/summary.json (under
+    /// cargo's target directory, `CARGO_TARGET_DIR` when set).
     Bench,
     /// The long soak (not part of `test`): eight crawl replicas over 10,000 hosts, Redis
     /// restarted and a replica killed every minute, judged from the upstream's record;
-    /// figures in target/soak/summary.json.
+    /// figures in target/soak/summary.json (under cargo's target directory).
     Soak {
         /// How long it runs.
         #[arg(long, default_value_t = 30)]
@@ -408,6 +409,26 @@ pub(crate) fn project_root() -> PathBuf {
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf()
+}
+
+/// Cargo's target directory for this workspace, as `cargo metadata` tells
+/// it: `target/` in the workspace root unless `CARGO_TARGET_DIR` (or a
+/// cargo config's `build.target-dir`) says otherwise.
+pub(crate) fn target_dir() -> Result<PathBuf, Failure> {
+    let output = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| Failure::new("cargo metadata", e.to_string()))?;
+    if !output.status.success() {
+        return Err(Failure::new("cargo metadata", output.status.to_string()));
+    }
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| Failure::new("cargo metadata", format!("not JSON: {e}")))?;
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| Failure::new("cargo metadata", "no target_directory"))
 }
 
 /// A command line as a user would type it (`cargo` rather than the full `$CARGO` path).

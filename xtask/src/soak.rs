@@ -20,11 +20,14 @@ pub(crate) fn run(minutes: u64) -> Result<(), Failure> {
         ]),
     )?;
     crate::bench::build_crawl()?;
-    let binary = crate::project_root().join("target/release/soak");
+    let target = crate::target_dir()?;
+    let binary = target.join("release/soak");
     step(
         "soak",
         std::process::Command::new(binary)
             .current_dir(crate::project_root())
-            .args(["--minutes", &minutes.to_string()]),
+            .args(["--minutes", &minutes.to_string()])
+            .arg("--out")
+            .arg(target.join("soak/summary.json")),
     )
 }
