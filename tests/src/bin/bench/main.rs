@@ -6,6 +6,7 @@
 //! Real parts only: Redis servers and the HTTP upstream are started on
 //! loopback by this package's harness.
 
+mod contention;
 mod fairness;
 mod fleet;
 mod middleware;
@@ -147,6 +148,9 @@ fn main() {
         }
         if wanted("middleware") {
             figures.extend(middleware::run().await);
+        }
+        if wanted("contention") {
+            figures.extend(contention::run().await);
         }
         if wanted("fleet") {
             figures.extend(fleet::run_figures().await);
