@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use redislimit::Limiter;
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
+use redislimit_tests::resp::Reply;
 
 use crate::{MS, host, limiter, standalone};
 
@@ -41,14 +43,14 @@ async fn the_scripts_are_one_function_library_loaded_again_when_lost() {
             .count()
     };
     // Calls sent together before the first load (the acquire, the
-    // agreement, the registry) may each load it: loading is idempotent.
+    // agreement, the registry) all find it missing; one loads it.
     let loaded = |calls: &BTreeMap<String, u64>| calls.get("function|load").copied().unwrap_or(0);
     let scripts = |calls: &BTreeMap<String, u64>| {
         calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
     };
     drop(l.acquire_host("t", host("a.test"), None).await.unwrap());
     let calls = command_calls(&server);
-    assert!(loaded(&calls) >= 1, "{calls:?}");
+    assert_eq!(loaded(&calls), 1, "{calls:?}");
     assert_eq!(scripts(&calls), 0, "{calls:?}");
     assert!(
         libraries() >= 1,
@@ -56,15 +58,68 @@ async fn the_scripts_are_one_function_library_loaded_again_when_lost() {
         server.command(&["FUNCTION", "LIST"])
     );
 
+    // Lost, then a crowd of acquires at once (as after a restart): the
+    // calls that found it missing, one load, those calls again.
     server.command(&["FUNCTION", "FLUSH"]);
     server.command(&["CONFIG", "RESETSTAT"]);
-    drop(l.acquire_host("t", host("b.test"), None).await.unwrap());
+    let l = std::sync::Arc::new(l);
+    let mut crowd = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let l = std::sync::Arc::clone(&l);
+        crowd.spawn(async move {
+            drop(
+                l.acquire_host("t", host(&format!("h{i}.test")), None)
+                    .await
+                    .unwrap(),
+            );
+        });
+    }
+    while let Some(done) = crowd.join_next().await {
+        done.unwrap();
+    }
     let calls = command_calls(&server);
-    // The call that found it missing, the load, the call again.
-    assert!(loaded(&calls) >= 1, "{calls:?}");
-    assert!(calls.get("fcall").copied().unwrap_or(0) >= 2, "{calls:?}");
+    assert_eq!(loaded(&calls), 1, "{calls:?}");
+    assert!(calls.get("fcall").copied().unwrap_or(0) >= 51, "{calls:?}");
     assert_eq!(scripts(&calls), 0, "{calls:?}");
     assert!(libraries() >= 1, "not loaded again");
+}
+
+/// A server at its `maxmemory` without eviction refuses an acquire (it
+/// would book a lease) but still runs a release: the lease it ends is gone
+/// at once, not a `lease_ttl` later. Read from Redis's own lease set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_memory_still_takes_releases() {
+    let server = RedisServer::start();
+    let l = limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(MS),
+        |b| b.cluster_concurrency(2),
+    );
+    let leases = HostKeys::of("test", "a.test").leases;
+    let held = l.acquire_host("t", host("a.test"), None).await.unwrap();
+    let count = || match server.query(&["ZCARD", &leases]) {
+        Reply::Integer(n) => n,
+        other => panic!("ZCARD answered {other:?}"),
+    };
+    assert_eq!(count(), 1);
+    server.command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.command(&["CONFIG", "SET", "maxmemory", "1"]);
+    let refused = l.acquire_host("t", host("b.test"), None).await;
+    assert!(
+        refused.is_err(),
+        "an acquire booked a lease on a full server"
+    );
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while count() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the release did not run on a full server: {}",
+            server.command(&["ZRANGE", &leases, "0", "-1", "WITHSCORES"])
+        );
+        tokio::time::sleep(10 * MS).await;
+    }
+    server.command(&["CONFIG", "SET", "maxmemory", "0"]);
 }
 
 /// A user the server does not let load functions (an ACL without

@@ -1,7 +1,7 @@
 //! `RedisPool`: one type over standalone, Sentinel and Cluster deployments.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -349,6 +349,11 @@ pub(crate) struct Connections {
     /// Whether scripts are run as Redis Functions: until the server shows
     /// that it has none, or will not let this user load them.
     functions: AtomicBool,
+    /// Loads of the function library that succeeded here, and the lock
+    /// one load holds: a crowd of calls that all found the library
+    /// missing (after a restart) sends one load, not one each.
+    library_loads: AtomicU64,
+    loading: tokio::sync::Mutex<()>,
 }
 
 #[derive(Clone)]
@@ -364,7 +369,28 @@ impl Connections {
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
             functions: AtomicBool::new(true),
+            library_loads: AtomicU64::new(0),
+            loading: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// How many loads of the function library have succeeded here: read
+    /// before a call, for [`load_library`](Self::load_library).
+    pub(crate) fn library_loads(&self) -> u64 {
+        self.library_loads.load(Ordering::Acquire)
+    }
+
+    /// Sends `load` (the function library's `FUNCTION LOAD`), unless a load
+    /// succeeded here since `seen` was read ([`library_loads`]
+    /// (Self::library_loads)), one load at a time.
+    pub(crate) async fn load_library(&self, seen: u64, load: &Cmd) -> Result<(), QueryError> {
+        let _one_at_a_time = self.loading.lock().await;
+        if self.library_loads() != seen {
+            return Ok(());
+        }
+        self.query::<redis::Value>(load).await?;
+        self.library_loads.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Whether scripts are still run as Redis Functions here.
@@ -372,12 +398,14 @@ impl Connections {
         self.functions.load(Ordering::Relaxed)
     }
 
-    /// From now on, scripts are run with `EVALSHA` here.
-    pub(crate) fn without_functions(&self) {
+    /// From now on (until the process restarts), scripts are run with
+    /// `EVALSHA` through these connections.
+    pub(crate) fn without_functions(&self, why: &QueryError) {
         if self.functions.swap(false, Ordering::Relaxed) {
             tracing::info!(
-                "this Redis server runs no functions for this user (before Redis 7, \
-                 or not allowed): running the scripts with EVALSHA"
+                error = %why,
+                "Redis runs no functions for this user (a server before Redis 7, or an ACL \
+                 that refuses them): running the scripts with EVALSHA"
             );
         }
     }

@@ -7,9 +7,12 @@
 //! source, so replicas of two versions rolled out side by side each run
 //! their own. A server without the library (a restart, a new Cluster node)
 //! answers that the function is missing: the library is loaded (`FUNCTION
-//! LOAD REPLACE`) and the call sent again. A server without Functions
-//! (before Redis 7), or a user not allowed to load them, is sent `EVALSHA`
-//! from then on, and `EVAL` when it answers NOSCRIPT.
+//! LOAD REPLACE`, one load at a time) and the call sent again. A server
+//! without Functions (before Redis 7), or a user not allowed to load them,
+//! is sent `EVALSHA` from then on (through these connections, until the
+//! process restarts), and `EVAL` when it answers NOSCRIPT. The operations
+//! that free what a host holds run on a server out of memory (see
+//! `library.rs`).
 //!
 //! Each script's arguments and replies are read and written in the module
 //! beside its `.lua` file (`scripts/acquire.rs` for `scripts/acquire.lua`).
@@ -127,11 +130,12 @@ impl LuaScript {
         };
         if redis.functions() {
             let fcall = call("FCALL", &self.function);
+            let loads = redis.library_loads();
             let sent = Instant::now();
             match redis.query(&fcall).await {
                 Err(err) if err.is_missing_function() => {
-                    match redis.query::<redis::Value>(&LIBRARY.load()).await {
-                        Ok(_) => {
+                    match redis.load_library(loads, &LIBRARY.load()).await {
+                        Ok(()) => {
                             let sent = Instant::now();
                             match redis.query(&fcall).await {
                                 // Loaded, yet missing where the call went
@@ -141,13 +145,16 @@ impl LuaScript {
                                 result => return (result, sent),
                             }
                         }
-                        Err(err) if err.refuses_functions() => redis.without_functions(),
-                        // Not loaded everywhere (a Cluster master down):
-                        // the script, for this call.
-                        Err(_) => {}
+                        Err(err) if err.refuses_functions() => redis.without_functions(&err),
+                        // Not loaded everywhere (a Cluster master down, a
+                        // server out of memory): the script, for this call.
+                        Err(err) => tracing::warn!(
+                            error = %err,
+                            "could not load the function library; this call runs as a script"
+                        ),
                     }
                 }
-                Err(err) if err.refuses_functions() => redis.without_functions(),
+                Err(err) if err.refuses_functions() => redis.without_functions(&err),
                 result => return (result, sent),
             }
         }
