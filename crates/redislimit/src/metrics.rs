@@ -31,13 +31,18 @@ use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
 /// quantiles (a summary, which cannot be added up across replicas) unless
 /// told the buckets: give it [`BUCKETS`](Self::BUCKETS), as the crawl does:
 ///
-/// ```ignore
+/// ```no_run
 /// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+/// use redislimit::MetricsHooks;
 ///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// PrometheusBuilder::new()
 ///     .set_buckets_for_metric(Matcher::Prefix("redislimit_".into()), &MetricsHooks::BUCKETS)?
 ///     .install()?;
 /// let hooks = MetricsHooks::new();
+/// # drop(hooks);
+/// # Ok(())
+/// # }
 /// ```
 ///
 /// Hosts are not a label unless [`with_host_label`](Self::with_host_label)
