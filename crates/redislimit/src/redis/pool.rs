@@ -542,13 +542,22 @@ impl QueryError {
         matches!(self, Self::Redis(e) if e.to_string().contains("Function not found"))
     }
 
-    /// Whether the server has no Redis Functions (an unknown command), or
-    /// does not let this user call or load them.
+    /// Whether the server has no Redis Functions (an unknown command, or a
+    /// proxy's unsupported one), or does not let this user call or load
+    /// them.
     pub(crate) fn refuses_functions(&self) -> bool {
         matches!(self, Self::Redis(e)
             if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
-                || e.to_string().contains("unknown command"))
+                || names_a_missing_command(&e.to_string()))
     }
+}
+
+/// Whether an error's text says the command itself is missing: Redis and
+/// Valkey answer "unknown command", proxies (Envoy's, for one) "unsupported
+/// command".
+fn names_a_missing_command(text: &str) -> bool {
+    let text = text.to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("unsupported command")
 }
 
 /// A deadpool pool of Redis Cluster connections with a response timeout.
@@ -592,7 +601,24 @@ impl managed::Manager for ClusterManager {
 
 #[cfg(test)]
 mod tests {
-    use super::is_tls;
+    use super::{is_tls, names_a_missing_command};
+
+    #[test]
+    fn a_missing_fcall_is_read_from_the_servers_and_proxies_words() {
+        // Redis 6, Envoy's proxy, and errors that must not switch the path.
+        assert!(names_a_missing_command(
+            "ERR unknown command 'FCALL', with args beginning with: 'x' '5' "
+        ));
+        assert!(names_a_missing_command("unsupported command 'fcall'"));
+        assert!(!names_a_missing_command(
+            "ERR Error running script (call to f_x): @user_script:1: \
+             Unknown Redis command called from script"
+        ));
+        assert!(!names_a_missing_command("ERR Function not found"));
+        assert!(!names_a_missing_command(
+            "BUSY Redis is busy running a script"
+        ));
+    }
 
     #[test]
     fn tls_urls_are_recognised_by_scheme() {
