@@ -6,6 +6,7 @@
 //! Real parts only: Redis servers and the HTTP upstream are started on
 //! loopback by this package's harness.
 
+mod admissions;
 mod contention;
 mod fairness;
 mod fleet;
@@ -148,6 +149,9 @@ fn main() {
         }
         if wanted("middleware") {
             figures.extend(middleware::run().await);
+        }
+        if wanted("admissions") {
+            figures.extend(admissions::run().await);
         }
         if wanted("contention") {
             figures.extend(contention::run().await);

@@ -30,7 +30,7 @@ return 0
 "#;
 
 /// The same GCRA as a function library of its own.
-fn gcra_library() -> String {
+pub(crate) fn gcra_library() -> String {
     format!(
         "#!lua name=bench_gcra\nredis.register_function('bench_gcra', function(KEYS, ARGV)\n{GCRA}\nend)"
     )
