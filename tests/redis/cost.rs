@@ -129,19 +129,7 @@ async fn a_server_out_of_memory_still_takes_releases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_not_allowed_functions_is_paced_with_evalsha() {
     let server = RedisServer::start();
-    server.command(&[
-        "ACL",
-        "SETUSER",
-        "paced",
-        "on",
-        ">secret",
-        "~*",
-        "+@all",
-        "-function",
-    ]);
-    let url = server
-        .url()
-        .replacen("redis://", "redis://paced:secret@", 1);
+    let url = server.url_for_user("paced", "secret", &["-function"]);
     let l = limiter(standalone(&url), |p| p.min_delay(200 * MS), |b| b);
     drop(l.acquire_host("t", host("a.test"), None).await.unwrap());
     let first = std::time::Instant::now();

@@ -45,20 +45,7 @@ fn replica(url: &str, replica: usize, upstream: &Upstream, gap: Duration) -> Cli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_fcall_and_on_evalsha_keep_one_pace() {
     let server = RedisServer::start();
-    server.command(&[
-        "ACL",
-        "SETUSER",
-        "scripts",
-        "on",
-        ">secret",
-        "~*",
-        "+@all",
-        "-function",
-        "-fcall",
-    ]);
-    let scripts_url = server
-        .url()
-        .replacen("redis://", "redis://scripts:secret@", 1);
+    let scripts_url = server.url_for_user("scripts", "secret", &["-function", "-fcall"]);
     let upstream = Upstream::start().await;
     let gap = 60 * MS;
     let (tasks, each) = (3, 4);

@@ -249,6 +249,20 @@ impl RedisServer {
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
+    /// Creates the ACL user `name` with password `password`, allowed every key and every
+    /// command but those `denied` names (`-function` style rules, e.g. `&["-fcall"]`), and
+    /// returns [`RedisServer::url`] with its credentials.
+    pub fn url_for_user(&self, name: &str, password: &str, denied: &[&str]) -> String {
+        let pass = format!(">{password}");
+        let mut acl = vec!["ACL", "SETUSER", name, "on", &pass, "~*", "+@all"];
+        acl.extend_from_slice(denied);
+        let reply = self.command(&acl);
+        assert!(reply.starts_with("+OK"), "ACL SETUSER {name}: {reply}");
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+        format!("{scheme}://{name}:{password}@{rest}")
+    }
+
     /// The CA whose certificate a [`RedisServer::start_tls`] server presents; `None` for a
     /// plain server.
     pub fn tls(&self) -> Option<&TestCa> {

@@ -176,20 +176,7 @@ pub(crate) async fn run() -> Vec<Figure> {
     // The same limiter for a user not allowed functions (neither to load
     // nor to call them): it runs the scripts with EVALSHA, as on a server
     // without functions.
-    server.command(&[
-        "ACL",
-        "SETUSER",
-        "nofunctions",
-        "on",
-        ">bench",
-        "~*",
-        "+@all",
-        "-function",
-        "-fcall",
-    ]);
-    let url = server
-        .url()
-        .replacen("redis://", "redis://nofunctions:bench@", 1);
+    let url = server.url_for_user("nofunctions", "bench", &["-function", "-fcall"]);
     let scripted = RedisLimiter::builder(
         RedisPool::standalone(&url, RedisTimeouts::default()).unwrap(),
         "bench",
