@@ -87,10 +87,21 @@ impl Circuit {
 
     /// A call failed with `err`: the circuit opens if Redis did not answer,
     /// and closes if it did (an error reply).
+    ///
+    /// An open circuit's next probe stays where it is: a second after the
+    /// probe under way started, not after it timed out. So once Redis
+    /// answers again, a caller reaches it within a second, even when the
+    /// last probe before was lost with the connection (it times out after
+    /// the response timeout, half a second by default).
     pub(crate) fn observe_failure(&self, err: &QueryError) {
         if not_answering(err) {
-            let until = self.clock_us().saturating_add(REPROBE.as_micros() as u64);
-            self.until.store(until.max(1), Ordering::Release);
+            let now = self.clock_us();
+            let reopen = now.saturating_add(REPROBE.as_micros() as u64).max(1);
+            let _ = self
+                .until
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |until| {
+                    (until <= now).then_some(reopen)
+                });
         } else {
             self.answered();
         }
@@ -372,5 +383,30 @@ mod tests {
         assert!(c.open(), "the others keep skipping while it does");
         c.answered();
         assert!(!c.open());
+    }
+
+    /// A probe that times out (half a second later, the default response
+    /// timeout) does not push the next one back: it comes a second after
+    /// the failed one started, as do the probes of a Redis that stays
+    /// away (one timeout a second).
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_times_out_keeps_the_next_a_second_after_it_started() {
+        let c = Circuit::new();
+        c.observe_failure(&refused());
+        tokio::time::advance(REPROBE).await;
+        assert!(!c.open(), "the probe");
+        tokio::time::advance(REPROBE / 2).await;
+        c.observe_failure(&refused());
+        assert!(c.open() && c.waiting());
+        tokio::time::advance(REPROBE / 2 - Duration::from_millis(1)).await;
+        assert!(c.open(), "not before a second after the probe started");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!c.open(), "the next probe, a second after the last began");
+        // A circuit due for a probe that nobody has taken yet reopens for
+        // a full second on a failure (a call sent before it opened).
+        tokio::time::advance(REPROBE * 3).await;
+        c.observe_failure(&refused());
+        tokio::time::advance(REPROBE - Duration::from_millis(1)).await;
+        assert!(c.open());
     }
 }
