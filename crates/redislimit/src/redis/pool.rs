@@ -1,7 +1,6 @@
 //! `RedisPool`: one type over standalone, Sentinel and Cluster deployments.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -17,6 +16,9 @@ use deadpool_redis::redis::{
 #[cfg(feature = "tls-rustls")]
 use super::tls::RedisTls;
 use crate::{BoxError, ConfigError, Misconfiguration};
+
+mod functions;
+pub(crate) use self::functions::Functions;
 
 /// Timeouts and size of the pools the `RedisPool` constructors build.
 ///
@@ -346,14 +348,9 @@ pub(crate) struct Connections {
     /// Held while a replacement connection is being made, so a crowd of
     /// callers after a failure makes one connection, not one each.
     connecting: tokio::sync::Mutex<()>,
-    /// Whether scripts are run as Redis Functions: until the server shows
-    /// that it has none, or will not let this user load them.
-    functions: AtomicBool,
-    /// Loads of the function library that succeeded here, and the lock
-    /// one load holds: a crowd of calls that all found the library
-    /// missing (after a restart) sends one load, not one each.
-    library_loads: AtomicU64,
-    loading: tokio::sync::Mutex<()>,
+    /// How scripts are run through these connections (see
+    /// [`Functions`]).
+    functions: Functions,
 }
 
 #[derive(Clone)]
@@ -368,46 +365,13 @@ impl Connections {
             pool,
             current: Mutex::new((0, None)),
             connecting: tokio::sync::Mutex::new(()),
-            functions: AtomicBool::new(true),
-            library_loads: AtomicU64::new(0),
-            loading: tokio::sync::Mutex::new(()),
+            functions: Functions::new(),
         }
     }
 
-    /// How many loads of the function library have succeeded here: read
-    /// before a call, for [`load_library`](Self::load_library).
-    pub(crate) fn library_loads(&self) -> u64 {
-        self.library_loads.load(Ordering::Acquire)
-    }
-
-    /// Sends `load` (the function library's `FUNCTION LOAD`), unless a load
-    /// succeeded here since `seen` was read ([`library_loads`]
-    /// (Self::library_loads)), one load at a time.
-    pub(crate) async fn load_library(&self, seen: u64, load: &Cmd) -> Result<(), QueryError> {
-        let _one_at_a_time = self.loading.lock().await;
-        if self.library_loads() != seen {
-            return Ok(());
-        }
-        self.query::<redis::Value>(load).await?;
-        self.library_loads.fetch_add(1, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// Whether scripts are still run as Redis Functions here.
-    pub(crate) fn functions(&self) -> bool {
-        self.functions.load(Ordering::Relaxed)
-    }
-
-    /// From now on (until the process restarts), scripts are run with
-    /// `EVALSHA` through these connections.
-    pub(crate) fn without_functions(&self, why: &QueryError) {
-        if self.functions.swap(false, Ordering::Relaxed) {
-            tracing::info!(
-                error = %why,
-                "Redis runs no functions for this user (a server before Redis 7, or an ACL \
-                 that refuses them): running the scripts with EVALSHA"
-            );
-        }
+    /// How scripts are run through these connections.
+    pub(crate) fn functions(&self) -> &Functions {
+        &self.functions
     }
 
     pub(crate) fn pool(&self) -> &RedisPool {
@@ -536,28 +500,6 @@ impl QueryError {
     pub(crate) fn is_noscript(&self) -> bool {
         matches!(self, Self::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
     }
-
-    /// Whether the server answered that the function called is not loaded.
-    pub(crate) fn is_missing_function(&self) -> bool {
-        matches!(self, Self::Redis(e) if e.to_string().contains("Function not found"))
-    }
-
-    /// Whether the server has no Redis Functions (an unknown command, or a
-    /// proxy's unsupported one), or does not let this user call or load
-    /// them.
-    pub(crate) fn refuses_functions(&self) -> bool {
-        matches!(self, Self::Redis(e)
-            if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
-                || names_a_missing_command(&e.to_string()))
-    }
-}
-
-/// Whether an error's text says the command itself is missing: Redis and
-/// Valkey answer "unknown command", proxies (Envoy's, for one) "unsupported
-/// command".
-fn names_a_missing_command(text: &str) -> bool {
-    let text = text.to_ascii_lowercase();
-    text.contains("unknown command") || text.contains("unsupported command")
 }
 
 /// A deadpool pool of Redis Cluster connections with a response timeout.
@@ -601,24 +543,7 @@ impl managed::Manager for ClusterManager {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_tls, names_a_missing_command};
-
-    #[test]
-    fn a_missing_fcall_is_read_from_the_servers_and_proxies_words() {
-        // Redis 6, Envoy's proxy, and errors that must not switch the path.
-        assert!(names_a_missing_command(
-            "ERR unknown command 'FCALL', with args beginning with: 'x' '5' "
-        ));
-        assert!(names_a_missing_command("unsupported command 'fcall'"));
-        assert!(!names_a_missing_command(
-            "ERR Error running script (call to f_x): @user_script:1: \
-             Unknown Redis command called from script"
-        ));
-        assert!(!names_a_missing_command("ERR Function not found"));
-        assert!(!names_a_missing_command(
-            "BUSY Redis is busy running a script"
-        ));
-    }
+    use super::is_tls;
 
     #[test]
     fn tls_urls_are_recognised_by_scheme() {

@@ -21,6 +21,7 @@ pub(super) mod acquire;
 pub(super) mod adopt;
 pub(super) mod agree;
 pub(super) mod backoff;
+mod functions;
 mod library;
 pub(super) mod penalize;
 pub(super) mod register;
@@ -32,6 +33,7 @@ use std::sync::LazyLock;
 use deadpool_redis::redis::{self, Cmd, FromRedisValue};
 use tokio::time::Instant;
 
+use self::functions::{is_missing_function, refuses_functions};
 use super::pool::{Connections, QueryError};
 
 /// The helpers every operation shares.
@@ -128,24 +130,27 @@ impl LuaScript {
             args(&mut cmd);
             cmd
         };
-        if redis.functions() {
+        let functions = redis.functions();
+        if functions.enabled() {
             let fcall = call("FCALL", &self.function);
-            let loads = redis.library_loads();
+            let loads = functions.loads();
             let sent = Instant::now();
             match redis.query(&fcall).await {
-                Err(err) if err.is_missing_function() => {
-                    match redis.load_library(loads, &LIBRARY.load()).await {
+                Err(err) if is_missing_function(&err) => {
+                    let load =
+                        async { redis.query::<redis::Value>(&LIBRARY.load()).await.map(drop) };
+                    match functions.load_once(loads, load).await {
                         Ok(()) => {
                             let sent = Instant::now();
                             match redis.query(&fcall).await {
                                 // Loaded, yet missing where the call went
                                 // (a node that joined meanwhile): the
                                 // script, for this call.
-                                Err(err) if err.is_missing_function() => {}
+                                Err(err) if is_missing_function(&err) => {}
                                 result => return (result, sent),
                             }
                         }
-                        Err(err) if err.refuses_functions() => redis.without_functions(&err),
+                        Err(err) if refuses_functions(&err) => functions.disable(&err),
                         // Not loaded everywhere (a Cluster master down, a
                         // server out of memory): the script, for this call.
                         Err(err) => tracing::warn!(
@@ -154,7 +159,7 @@ impl LuaScript {
                         ),
                     }
                 }
-                Err(err) if err.refuses_functions() => redis.without_functions(&err),
+                Err(err) if refuses_functions(&err) => functions.disable(&err),
                 result => return (result, sent),
             }
         }
