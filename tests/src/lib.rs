@@ -14,7 +14,9 @@
 //! - [`StallProxy`]: a TCP proxy that can hold the traffic it carries, one way or both (a stalled connection), delay its replies, or cut it;
 //! - [`Nginx`]: a real nginx whose `limit_req` and `limit_conn` judge the clients in front of it;
 //! - [`record`]: what an upstream saw, and the checks of the pacing invariants on it;
-//! - [`keys`]: the Redis keys of a host, from the documented layout.
+//! - [`keys`]: the Redis keys of a host, from the documented layout;
+//! - [`StallProbe`]: how late the runtime's timers fire, to tell a busy machine from a
+//!   defect in a test of timing.
 //!
 //! Everything waits for its processes with a bound and panics with the server's log when
 //! they do not come up: a Redis-backed test fails, it never skips. The binaries
@@ -35,6 +37,7 @@ mod redis_cluster;
 mod redis_sentinel;
 mod redis_server;
 pub mod resp;
+mod stalls;
 mod tls;
 mod upstream;
 mod wait;
@@ -45,6 +48,7 @@ pub use self::{
     redis_cluster::RedisCluster,
     redis_sentinel::RedisSentinel,
     redis_server::{RedisServer, SERVER_ENV},
+    stalls::{Stall, StallProbe},
     tls::TestCa,
     upstream::Upstream,
 };

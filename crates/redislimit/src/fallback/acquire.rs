@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::adoption::{Adopted, Adoptee, Adoptions, Deferred};
-use super::plan::{DEFER_RETRY, OutagePlan, Plan, turn_window, until_turn, wall_clock};
+use super::plan::{
+    DEFER_RETRY, OutagePlan, Plan, turn_lead, turn_left, turn_window, until_turn, wall_clock,
+};
 use super::shares::Shares;
 use crate::hooks::WaitReport;
 use crate::limiter::heaviest;
@@ -76,33 +78,34 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // the primary is asked, so that an admission by the primary
             // is the send it records, and one by the fallback keeps the
             // turns too.
-            let turn = match self.shares.turns(Instant::now()) {
-                Some(turns) => Some((
-                    turns,
-                    Unsent::new(
-                        self.share(turns, false, engine, &host, deadline, request)
-                            .await
-                            .map_err(|e| report.fail(e))?,
-                    ),
-                )),
-                None => None,
+            let (turn, turn_ends) = match self.shares.turns(Instant::now()) {
+                Some(turns) => {
+                    let (permit, ends) = self
+                        .share(turns, false, engine, &host, deadline, request)
+                        .await
+                        .map_err(|e| report.fail(e))?;
+                    (Some((turns, Unsent::new(permit))), Some(ends))
+                }
+                None => (None, None),
             };
             // A turn is a slot's start: the primary must admit within a
-            // moment of it, or the send would leave in the next
-            // replica's slot (which may still be pacing in-process).
-            let turn_ends = turn
-                .as_ref()
-                .and_then(|_| turn_window(self.fallback.policies().pacing_for(&host)))
-                .map(|window| after(Instant::now(), window));
+            // moment of it (`turn_ends`), or the send would leave in the
+            // next replica's slot (which may still be pacing in-process).
             let ask_until = match (deadline, turn_ends) {
                 (Some(d), Some(t)) => Some(d.min(t)),
                 (d, t) => d.or(t),
             };
             let asking = Instant::now();
-            let asked = self
-                .primary
-                .acquire_with(engine, host.clone(), ask_until, request)
-                .await;
+            let asked = match turn_ends {
+                Some(ends) if self.shares.unanswered() => {
+                    self.probe(engine, &host, ask_until, ends, request).await
+                }
+                _ => {
+                    self.primary
+                        .acquire_with(engine, host.clone(), ask_until, request)
+                        .await
+                }
+            };
             // An admission, or a wait its backend named (not one its own
             // queues named, nor a deadline that cut a call short): it
             // answers.
@@ -253,7 +256,8 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 Plan::Share { n, index } => Some(
                     self.share((n, index), true, engine, &host, deadline, request)
                         .await
-                        .map_err(|e| report.fail(e))?,
+                        .map_err(|e| report.fail(e))?
+                        .0,
                 ),
                 _ => None,
             };
@@ -263,6 +267,44 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             }
             let waited = report.finish(WaitOutcome::Acquired);
             return Ok(self.outage_permit(host, request.weight(), waited, local, share));
+        }
+    }
+
+    /// Asks the primary for a request taking its turn during an outage,
+    /// which is how the primary's circuit learns that it is back: the
+    /// answer is waited for until the turn's window `ends`, no longer. Past
+    /// it the request goes on as if the primary were unavailable (at its
+    /// share, in this turn), and the call runs on unwatched for as long as
+    /// the primary bounds it: an answer then still tells the circuit, and
+    /// an admission it brings is released at once (the request was sent,
+    /// no later than the primary records it). Waited for beyond the turn,
+    /// a primary that does not answer would cost the turn of every
+    /// request that probes it: with a period over a second, all of them.
+    async fn probe(
+        &self,
+        engine: &str,
+        host: &HostKey,
+        ask_until: Option<Instant>,
+        ends: Instant,
+        request: RequestPacing,
+    ) -> Result<Permit, Error> {
+        let primary = Arc::clone(self.primary);
+        let (engine, host) = (engine.to_owned(), host.clone());
+        let mut call = tokio::spawn(async move {
+            primary
+                .acquire_with(&engine, host, ask_until, request)
+                .await
+        });
+        match tokio::time::timeout_at(ends, &mut call).await {
+            Ok(Ok(asked)) => asked,
+            Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Ok(Err(join)) => Err(Error::unavailable(crate::Op::Acquire, join)),
+            // Dropping the handle detaches the call; what it returns is
+            // dropped when it ends.
+            Err(_) => Err(Error::unavailable(
+                crate::Op::Acquire,
+                "no answer within this replica's turn",
+            )),
         }
     }
 
@@ -296,21 +338,21 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         host: &HostKey,
         deadline: Option<Instant>,
         request: RequestPacing,
-    ) -> Result<Permit, Error> {
+    ) -> Result<(Permit, Instant), Error> {
         let policies = self.fallback.policies();
         let (began, limiter) = self.shares.get(n, index, policies, outage, Instant::now());
         let gap = policies.pacing_for(host).min_delay();
         let mut from = after(began, gap);
         if let Some(last) = self.fallback.last_sent(host) {
-            // `last` left at its turn's start, or a moment after (a timer's
-            // tick, a busy runtime): this replica's next turn begins n gaps
-            // after that start, so a little before `last` + n gaps. Bound
-            // by `last` + n gaps exactly, the share would admit a moment
-            // into that turn, and the send would wait a whole period for
-            // the one after: half the share. Less the turn's window, it
-            // still leaves more than one gap after `last` (n >= 2).
-            let slack = turn_window(policies.pacing_for(host)).unwrap_or_default();
-            from = from.max(after(last, gap.saturating_mul(n).saturating_sub(slack)));
+            // `last` left in its turn: this replica's next turn begins n
+            // gaps after that turn's start. The share admits a little
+            // before it (the send then waits for the turn), so that a
+            // runtime waking late still makes the turn, and the share's
+            // own spacing, counted from this admission, does not carry
+            // one turn's lateness into the next. Still more than one gap
+            // after `last` (n >= 2): never twice in one turn.
+            let lead = turn_lead(gap);
+            from = from.max(after(last, gap.saturating_mul(n).saturating_sub(lead)));
         }
         let now = Instant::now();
         if from > now {
@@ -325,25 +367,31 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             .acquire_with(engine, host.clone(), deadline, request)
             .await?;
         // A moment late into its turn (as late as a send through the
-        // primary may leave in it) is still the turn.
+        // primary may leave in it) is still the turn; later, the send
+        // would crowd the next replica's turn, and waits for its next.
         let late = turn_window(policies.pacing_for(host)).unwrap_or_default();
-        let turn = after(
-            Instant::now(),
-            until_turn(gap, n, index, wall_clock(), late),
-        );
-        if let Some(deadline) = deadline
-            && turn > deadline
-        {
-            // Not sent: the share's admission is taken back.
-            permit.abandon();
-            return Err(Error::WaitBudget {
-                host: host.to_string(),
-                wait: turn.saturating_duration_since(Instant::now()),
-                remaining: deadline.saturating_duration_since(Instant::now()),
-            });
+        loop {
+            let turn = after(
+                Instant::now(),
+                until_turn(gap, n, index, wall_clock(), late),
+            );
+            if let Some(deadline) = deadline
+                && turn > deadline
+            {
+                // Not sent: the share's admission is taken back.
+                permit.abandon();
+                return Err(Error::WaitBudget {
+                    host: host.to_string(),
+                    wait: turn.saturating_duration_since(Instant::now()),
+                    remaining: deadline.saturating_duration_since(Instant::now()),
+                });
+            }
+            tokio::time::sleep_until(turn).await;
+            if let Some(left) = turn_left(gap, n, index, wall_clock(), late) {
+                return Ok((permit, after(Instant::now(), left)));
+            }
+            tracing::debug!(host = %host, "woke past this replica's turn: waiting for its next");
         }
-        tokio::time::sleep_until(turn).await;
-        Ok(permit)
     }
 
     /// The permit of a request sent in-process during an outage: counted in

@@ -69,20 +69,60 @@ pub(super) fn until_turn(
     now: Duration,
     tolerance: Duration,
 ) -> Duration {
+    let Some(Slot {
+        since,
+        period,
+        window,
+    }) = slot(gap, n, index, now, tolerance)
+    else {
+        return Duration::ZERO;
+    };
+    let wait = if since <= window { 0 } else { period - since };
+    Duration::from_micros(u64::try_from(wait).unwrap_or(u64::MAX))
+}
+
+/// How much of its turn's window replica `index` has left at `now` (as
+/// [`until_turn`] takes them): `None` when `now` is not in the window, all
+/// of `tolerance` when there are no slots.
+pub(super) fn turn_left(
+    gap: Duration,
+    n: u32,
+    index: u32,
+    now: Duration,
+    tolerance: Duration,
+) -> Option<Duration> {
+    let Some(Slot { since, window, .. }) = slot(gap, n, index, now, tolerance) else {
+        return Some(tolerance);
+    };
+    (since <= window)
+        .then(|| Duration::from_micros(u64::try_from(window - since).unwrap_or(u64::MAX)))
+}
+
+/// Where `now` stands in replica `index`'s slots, in microseconds.
+struct Slot {
+    /// How long since its last slot began.
+    since: u128,
+    /// How long from one of its slots to the next.
+    period: u128,
+    /// How long into a slot a send still takes it: the tolerance, less
+    /// than the slot.
+    window: u128,
+}
+
+/// [`Slot`] at `now`; `None` without slots (no gap, or no replicas).
+fn slot(gap: Duration, n: u32, index: u32, now: Duration, tolerance: Duration) -> Option<Slot> {
     let slot = gap.as_micros();
     let period = slot.saturating_mul(u128::from(n));
     if period == 0 {
-        return Duration::ZERO;
+        return None;
     }
     let now = now.as_micros();
     let start = slot.saturating_mul(u128::from(index)) % period;
-    let since = (now % period + period - start) % period;
-    let wait = if since <= tolerance.as_micros().min(slot - 1) {
-        0
-    } else {
-        period - since
-    };
-    Duration::from_micros(u64::try_from(wait).unwrap_or(u64::MAX))
+    Some(Slot {
+        since: (now % period + period - start) % period,
+        period,
+        window: tolerance.as_micros().min(slot - 1),
+    })
 }
 
 /// How long after its turn begins a request taking turns may still leave
@@ -93,6 +133,14 @@ pub(super) fn until_turn(
 pub(super) fn turn_window(pacing: &Pacing) -> Option<Duration> {
     let gap = pacing.min_delay();
     (!gap.is_zero()).then(|| (gap / 10).min(Duration::from_millis(10)))
+}
+
+/// How long before its turn a replica taking turns has its share admit a
+/// request (the send then waits for the turn): half a gap, at most 100 ms.
+/// Enough that a runtime waking a little late still makes the turn; the
+/// share's in-flight room is held no longer than that before the send.
+pub(super) fn turn_lead(gap: Duration) -> Duration {
+    (gap / 2).min(Duration::from_millis(100))
 }
 
 /// How soon a deferred acquire asks the primary again.
@@ -215,6 +263,27 @@ mod tests {
         // Never into the next replica's slot, whatever the tolerance.
         assert_eq!(until_turn(gap, 3, 1, 1_099 * MS, gap * 5), Duration::ZERO);
         assert_eq!(until_turn(gap, 3, 1, 1_100 * MS, gap * 5), 200 * MS);
+    }
+
+    /// What is left of a turn's window is what a request taking it may
+    /// spend before it leaves.
+    #[test]
+    fn a_turns_window_is_left_until_the_tolerance() {
+        let gap = 100 * MS;
+        let late = 10 * MS;
+        let micro = Duration::from_micros(1);
+        assert_eq!(
+            turn_left(gap, 3, 1, 1_000 * MS + micro, late),
+            Some(late - micro)
+        );
+        assert_eq!(turn_left(gap, 3, 1, 1_010 * MS, late), Some(Duration::ZERO));
+        assert_eq!(turn_left(gap, 3, 1, 1_010 * MS + micro, late), None);
+        assert_eq!(turn_left(gap, 3, 1, 990 * MS, late), None);
+        // No slots: the whole tolerance.
+        assert_eq!(
+            turn_left(Duration::ZERO, 3, 1, 1_005 * MS, late),
+            Some(late)
+        );
     }
 
     proptest! {

@@ -79,6 +79,11 @@ impl Grace {
         self.answered.get_or_insert(now);
     }
 
+    /// Whether the primary has answered since it last failed.
+    pub(super) fn started(&self) -> bool {
+        self.answered.is_some()
+    }
+
     /// Whether the turns are still taken at `now`.
     pub(super) fn in_force(&self, now: Instant) -> bool {
         self.answered
@@ -138,6 +143,16 @@ impl Shares {
         *current = None;
         self.active.store(false, Ordering::Release);
         None
+    }
+
+    /// Whether the primary has not answered this replica since the outage
+    /// began or last went on (the share's grace has not started).
+    pub(super) fn unanswered(&self) -> bool {
+        if !self.active.load(Ordering::Acquire) {
+            return false;
+        }
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.as_ref().is_some_and(|share| !share.grace.started())
     }
 
     /// The primary failed again after it had answered.
