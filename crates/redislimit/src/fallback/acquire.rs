@@ -278,8 +278,8 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
     /// the primary bounds it: an answer then still tells the circuit, and
     /// an admission it brings is released at once (the request was sent,
     /// no later than the primary records it). Waited for beyond the turn,
-    /// a primary that does not answer would cost the turn of every
-    /// request that probes it: with a period over a second, all of them.
+    /// a primary that does not answer cost the turn of every request that
+    /// probed it: with a period over a second, most turns.
     async fn probe(
         &self,
         engine: &str,
