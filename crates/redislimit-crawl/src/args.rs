@@ -150,7 +150,9 @@ pub struct Args {
     /// Send requests for HOST to ADDR (an IP address), as curl's `--resolve`
     /// (`HOST:PORT:ADDR` is accepted too; the URL's port is used). HOST is
     /// matched as the limiter keys hosts: any case, Unicode or punycode,
-    /// with or without a trailing dot. Repeatable.
+    /// with or without a trailing dot. `*.SUFFIX` sends every name under
+    /// SUFFIX, and `*` every name, to ADDR (an exact HOST is looked up
+    /// first, then the patterns in order). Repeatable.
     #[arg(long = "resolve", value_name = "HOST:ADDR", value_parser = parse_resolve)]
     pub resolve: Vec<(String, std::net::IpAddr)>,
     /// An extra request header, `NAME:VALUE`. Repeatable.
@@ -292,6 +294,9 @@ fn parse_resolve(text: &str) -> Result<(String, std::net::IpAddr), String> {
     if host.is_empty() {
         return Err(bad());
     }
+    if let Some(pattern) = crate::crawler::Patterns::parse(host) {
+        return pattern.map(|key| (key, ip));
+    }
     // The name as URLs to it are keyed: punycode, lower case, no final dot.
     let key = HostKey::parse(&format!("http://{host}/"))
         .map_err(|e| format!("{host:?} is not a host name: {e}"))?;
@@ -374,6 +379,12 @@ mod tests {
             Ok("::1".parse().unwrap())
         );
         assert!(parse_resolve("a.test").is_err());
+        assert_eq!(
+            parse_resolve("*.Mem.test:127.0.0.1"),
+            Ok(("*.mem.test".into(), ip))
+        );
+        assert_eq!(parse_resolve("*:127.0.0.1"), Ok(("*".into(), ip)));
+        assert!(parse_resolve("*x.test:127.0.0.1").is_err());
         assert!(parse_resolve(":127.0.0.1").is_err());
         assert!(parse_header("x-replica: 2").is_ok());
         assert!(parse_header("bad header:1").is_err());

@@ -3,11 +3,11 @@
 //! without holding one of the `--concurrency` slots, which are taken only
 //! to send, so a host held back by a long penalty delays nobody else.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{IsTerminal, LineWriter, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,12 +25,20 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 use url::Url;
 
 mod fetch;
+mod play;
+mod progress;
+mod resolve;
 mod slots;
 
+use self::play::Play;
+use self::progress::{Progress, Waiting, note_hold, note_penalty};
+pub(crate) use self::resolve::Patterns;
 use self::slots::{Ask, CrawlDelay, SlotGate, Slots, Stamp};
 use super::Args;
 use super::robots::{Rules, robots_url};
 use super::stop::{Stop, StopLevel};
+use crate::Frontier;
+use crate::frontier::{Kept, Lines};
 
 /// What happened to one URL; one line of the `--report` file.
 #[derive(Debug, Clone, Serialize)]
@@ -163,31 +171,15 @@ enum Attempt {
     NoSlot,
 }
 
-/// Counters for the progress line.
-#[derive(Debug, Default)]
-struct Progress {
-    done: AtomicUsize,
-    sent: AtomicUsize,
-    /// Hosts whose next URL is waiting for its turn.
-    waiting: AtomicUsize,
-    /// Hosts held back by a penalty, until when.
-    penalized: Mutex<HashMap<String, Instant>>,
+/// How long the crawl keeps an idle connection to a host: twice the
+/// `--min-delay` (a host in play sends again about that soon), within 1 to
+/// 15 s. A host that has sent its last URL leaves play; its connection
+/// is closed soon after, so the crawl holds about one connection per host
+/// in play, not one per host it has been to (a connection costs the
+/// client about 18 KB besides the socket, and the server a socket).
+fn idle_connection(min_delay: Duration) -> Duration {
+    (min_delay * 2).clamp(Duration::from_secs(1), Duration::from_secs(15))
 }
-
-impl Progress {
-    fn penalized_now(&self) -> usize {
-        let now = Instant::now();
-        let mut held = self
-            .penalized
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        held.retain(|_, until| *until > now);
-        held.len()
-    }
-}
-
-/// How long the crawl keeps an idle connection to a host.
-const IDLE_CONNECTION: Duration = Duration::from_secs(15);
 
 impl Crawler {
     /// A crawler pacing through `limiter`, with the client settings of `args`
@@ -198,15 +190,23 @@ impl Crawler {
             .timeout(args.timeout)
             .user_agent(args.user_agent.clone())
             .redirect(reqwest::redirect::Policy::none())
-            // A crawl visits thousands of hosts, most of them once in a while: an idle
-            // connection is kept 15 s (reqwest keeps it 90 s), so a crawl of 10,000 hosts
-            // does not hold a socket for each (and the servers do not hold one for it).
-            .pool_idle_timeout(IDLE_CONNECTION);
-        for (host, ip) in &args.resolve {
+            // A crawl visits thousands of hosts, a few at a time: an idle connection
+            // is kept a little longer than a host's next request takes to come
+            // (reqwest keeps it 90 s), so a crawl of 100,000 hosts does not hold a
+            // socket for each (and the servers do not hold one for it).
+            .pool_idle_timeout(idle_connection(args.min_delay));
+        for (host, ip) in args
+            .resolve
+            .iter()
+            .filter(|(host, _)| !host.starts_with('*'))
+        {
             // Both spellings a URL may carry reach the same address.
             http = http
                 .resolve(host, (*ip, 0).into())
                 .resolve(&format!("{host}."), (*ip, 0).into());
+        }
+        if let Some(patterns) = resolve::Patterns::new(&args.resolve) {
+            http = http.dns_resolver(Arc::new(patterns));
         }
         let mut headers = http::HeaderMap::new();
         for (name, value) in &args.headers {
@@ -313,8 +313,31 @@ impl Crawler {
     /// `progress` shows a bar on stderr when it is a terminal, and a line
     /// every `--progress-every` otherwise. After [`Stop::graceful`] no URL
     /// starts; after [`Stop::abort`] requests in flight end at once.
-    pub async fn run(&self, urls: Vec<Url>, progress: bool) -> anyhow::Result<Vec<Fetched>> {
-        let total = urls.len();
+    pub async fn run(
+        &self,
+        urls: impl Into<Frontier>,
+        progress: bool,
+    ) -> anyhow::Result<Vec<Fetched>> {
+        let mut done = Vec::new();
+        self.run_each(urls, progress, |fetched| done.push(fetched))
+            .await?;
+        Ok(done)
+    }
+
+    /// [`run`](Self::run), handing what happened to each URL to `each` as
+    /// it ends instead of keeping it; returns how many ended. Hosts come
+    /// into play a few at a time: 16 per `--concurrency` slot (at least
+    /// 64), the next as one sends its last URL, more while slots sit free
+    /// that no URL asks for. So a crawl's memory and connections follow
+    /// the hosts in play, not the hosts in its file.
+    pub async fn run_each(
+        &self,
+        urls: impl Into<Frontier>,
+        progress: bool,
+        mut each: impl FnMut(Fetched),
+    ) -> anyhow::Result<usize> {
+        let frontier = urls.into();
+        let total = frontier.len();
         let terminal = std::io::stderr().is_terminal();
         let bar = if progress && terminal {
             let style = ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed}]")
@@ -326,34 +349,45 @@ impl Crawler {
         let counters = Arc::new(Progress::default());
         let slots = Slots::new(self.concurrency);
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut queues = by_host(urls);
-        if !self.priorities.is_empty() {
-            for (_, queue) in &mut queues {
-                queue
-                    .make_contiguous()
-                    .sort_by_key(|url| std::cmp::Reverse(self.priority(url)));
+        let lines = frontier.lines();
+        let mut play = Play::new(frontier.into_hosts(), tx, self.concurrency);
+        let mut serve = |host: String, mut queue: VecDeque<Kept>, tx| {
+            if !self.priorities.is_empty() {
+                queue.make_contiguous().sort_by_cached_key(|kept| {
+                    std::cmp::Reverse(
+                        lines
+                            .url(kept)
+                            .map_or(RequestPacing::DEFAULT_PRIORITY, |url| self.priority(&url)),
+                    )
+                });
             }
-        }
-        for (host, queue) in queues {
-            let this = self.clone();
-            let (slots, tx, counters) = (Arc::clone(&slots), tx.clone(), Arc::clone(&counters));
-            tokio::spawn(async move { this.serve_host(host, queue, slots, tx, counters).await });
-        }
-        drop(tx);
+            let (this, lines) = (self.clone(), lines.clone());
+            let (slots, counters) = (Arc::clone(&slots), Arc::clone(&counters));
+            async move {
+                this.serve_host(host, queue, lines, slots, tx, counters)
+                    .await
+            }
+        };
+        let running = || self.stop.level() == StopLevel::Run;
+        play.fill(running(), &mut serve);
         let started = Instant::now();
         let mut ticker = tokio::time::interval(self.progress_every);
         ticker.tick().await;
-        let mut done = Vec::with_capacity(total);
+        let mut feed = tokio::time::interval(play::FEED_EVERY);
+        let mut ended = 0;
         loop {
             tokio::select! {
                 fetched = rx.recv() => match fetched {
                     Some(fetched) => {
                         counters.done.fetch_add(1, Ordering::Relaxed);
                         counters.sent.fetch_add(usize::from(fetched.sent), Ordering::Relaxed);
-                        done.push(self.finish(fetched, &bar));
+                        each(self.finish(fetched, &bar));
+                        ended += 1;
                     }
                     None => break,
                 },
+                () = play.host_done() => play.fill(running(), &mut serve),
+                _ = feed.tick() => play.widen(slots.idle(), running(), &mut serve),
                 _ = ticker.tick(), if progress && !terminal => {
                     self.progress_line(&counters, total, started);
                 }
@@ -363,7 +397,7 @@ impl Crawler {
         if progress && !terminal {
             self.progress_line(&counters, total, started);
         }
-        Ok(done)
+        Ok(ended)
     }
 
     fn progress_line(&self, counters: &Progress, total: usize, started: Instant) {
@@ -405,14 +439,16 @@ impl Crawler {
     async fn serve_host(
         self,
         host: String,
-        mut queue: VecDeque<Url>,
+        mut queue: VecDeque<Kept>,
+        lines: Lines,
         slots: Arc<Slots>,
         tx: mpsc::UnboundedSender<Fetched>,
         counters: Arc<Progress>,
     ) {
         let mut stop = self.stop.watch();
         let mut crawl_delay = None;
-        let rules = match (&self.robots, queue.front()) {
+        let first = queue.front().and_then(|kept| lines.url(kept));
+        let rules = match (&self.robots, first.as_ref()) {
             (Some(robots), Some(first)) => {
                 let _waiting = Waiting::new(&counters);
                 let Some(rules) = self.robots_rules(robots, first, &slots, &mut stop).await else {
@@ -434,7 +470,11 @@ impl Crawler {
             }
             _ => None,
         };
-        'urls: while let Some(url) = queue.pop_front() {
+        'urls: while let Some(kept) = queue.pop_front() {
+            let Some(url) = lines.url(&kept) else {
+                tracing::warn!(host = %host, "a line of the URL file no longer reads as the URL it held (the file changed during the crawl): skipped");
+                continue;
+            };
             if let Some(why) = rules.as_ref().and_then(|r| r.refusal(&url)) {
                 let mut fetched = self.fetched(&url, Instant::now(), None, None, None);
                 fetched.skipped = Some(why);
@@ -496,7 +536,7 @@ impl Crawler {
                     let max_penalty = self.max_penalty;
                     tokio::spawn(async move {
                         if let Ok(Attempt::Done(fetched)) = task.await {
-                            note_penalty(&counters, &fetched, max_penalty);
+                            note_penalty(&counters, &fetched.host, fetched.hold_ms, max_penalty);
                             let _ = tx.send(*fetched);
                         }
                     });
@@ -504,7 +544,7 @@ impl Crawler {
                 }
                 match task.await {
                     Ok(Attempt::Done(fetched)) => {
-                        note_penalty(&counters, &fetched, self.max_penalty);
+                        note_penalty(&counters, &fetched.host, fetched.hold_ms, self.max_penalty);
                         let _ = tx.send(*fetched);
                         continue 'urls;
                     }
@@ -527,42 +567,6 @@ impl Crawler {
     }
 }
 
-/// A host whose head URL waits for its turn, counted while it lives.
-struct Waiting<'a>(&'a Progress);
-
-impl<'a> Waiting<'a> {
-    fn new(counters: &'a Progress) -> Self {
-        counters.waiting.fetch_add(1, Ordering::Relaxed);
-        Self(counters)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts the host of a response that asked for a long hold as penalized.
-fn note_penalty(counters: &Progress, fetched: &Fetched, max_penalty: Duration) {
-    if let Some(hold) = fetched.hold_ms {
-        let hold = Duration::from_millis(hold).min(max_penalty);
-        if hold >= Duration::from_secs(1) {
-            note_hold(counters, &fetched.host, hold);
-        }
-    }
-}
-
-fn note_hold(counters: &Progress, host: &str, hold: Duration) {
-    let until = Instant::now() + hold;
-    let mut held = counters
-        .penalized
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let entry = held.entry(host.to_owned()).or_insert(until);
-    *entry = (*entry).max(until);
-}
-
 /// Sleeps until `at`; false when the crawl was stopped first.
 async fn sleep_or_stop(at: Instant, stop: &mut watch::Receiver<StopLevel>) -> bool {
     tokio::select! {
@@ -577,24 +581,6 @@ async fn stopped(stop: &mut watch::Receiver<StopLevel>, level: StopLevel) {
     if stop.wait_for(|l| *l >= level).await.is_err() {
         std::future::pending::<()>().await;
     }
-}
-
-/// Groups `urls` by host, each host's in input order, hosts in the order
-/// first seen.
-fn by_host(urls: Vec<Url>) -> Vec<(String, VecDeque<Url>)> {
-    let mut index: BTreeMap<String, usize> = BTreeMap::new();
-    let mut queues: Vec<(String, VecDeque<Url>)> = Vec::new();
-    for url in urls {
-        let host = HostKey::from_url(&url)
-            .map(|h| h.to_string())
-            .unwrap_or_default();
-        let at = *index.entry(host.clone()).or_insert_with(|| {
-            queues.push((host, VecDeque::new()));
-            queues.len() - 1
-        });
-        queues[at].1.push_back(url);
-    }
-    queues
 }
 
 #[cfg(test)]
@@ -613,9 +599,15 @@ mod tests {
         ]
         .map(|u| Url::parse(u).unwrap())
         .to_vec();
-        let queues: Vec<(String, Vec<String>)> = by_host(urls)
+        let queues: Vec<(String, Vec<String>)> = Frontier::from(urls)
+            .into_hosts()
+            .hosts
             .into_iter()
-            .map(|(h, q)| (h, q.iter().map(|u| u.path().to_owned()).collect()))
+            .map(|(h, q)| {
+                let lines = Frontier::new().lines();
+                let paths = q.iter().map(|k| lines.url(k).unwrap().path().to_owned());
+                (h, paths.collect())
+            })
             .collect();
         let expect =
             |h: &str, p: &[&str]| (h.to_owned(), p.iter().map(|s| (*s).to_owned()).collect());

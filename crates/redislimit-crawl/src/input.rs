@@ -2,16 +2,20 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use redislimit::HostKey;
 use url::Url;
 
+use crate::Frontier;
+
 /// The URLs to fetch, and the lines that were skipped (with why).
 #[derive(Debug, Default)]
 pub struct Input {
-    /// Distinct URLs, in the order first seen.
-    pub urls: Vec<Url>,
+    /// Distinct URLs, grouped by host: each host's in the order read,
+    /// hosts in the order first seen.
+    pub urls: Frontier,
     /// `FILE:LINE: why` for every line that was not used.
     pub skipped: Vec<String>,
     /// The priorities lines gave (`URL PRIORITY`); the others have the
@@ -54,48 +58,60 @@ pub fn check(text: &str) -> Result<Url, String> {
 /// reported with its line number). A URL seen twice is fetched once.
 pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> {
     let mut input = Input::default();
-    let mut seen = std::collections::HashSet::new();
     for arg in args {
         match check(arg) {
             Ok(url) => {
-                if seen.insert(url.clone()) {
-                    input.urls.push(url);
-                }
+                input.urls.push(&url);
             }
             Err(why) => bail!("invalid URL: {why}"),
         }
     }
     let Some(path) = file else { return Ok(input) };
-    let reader: Box<dyn BufRead> = if path == Path::new("-") {
-        Box::new(BufReader::new(std::io::stdin()))
+    let context = || format!("cannot read {}", path.display());
+    if path == Path::new("-") {
+        let reader = BufReader::new(std::io::stdin());
+        read_lines(reader, &path.display(), &mut input).with_context(context)?;
     } else {
-        let file =
-            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Box::new(BufReader::new(file))
-    };
-    read_lines(reader, &path.display(), &mut input, &mut seen)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+        // The URLs are kept as where their lines start, and read again
+        // from this handle when their turn comes.
+        let file = Arc::new(std::fs::File::open(path).with_context(context)?);
+        let reader = BufReader::new(file.try_clone().with_context(context)?);
+        read_from(reader, &path.display(), &mut input, Some(&file)).with_context(context)?;
+    }
     Ok(input)
 }
 
-/// Adds the URLs of the lines of `reader` to `input`, those already in
-/// `seen` skipped as repeats: what [`read_urls`] does with its file, named
+/// Adds the URLs of the lines of `reader` to `input`, those it holds
+/// already skipped as repeats: what [`read_urls`] does with its file, named
 /// `name` in the `skipped` lines. Blank lines and `#` comments are ignored;
 /// a line that is not UTF-8 or not a URL (and optional priority) is
 /// skipped with its line number.
 pub fn read_lines(
+    reader: impl BufRead,
+    name: &dyn std::fmt::Display,
+    input: &mut Input,
+) -> std::io::Result<()> {
+    read_from(reader, name, input, None)
+}
+
+/// [`read_lines`], keeping each URL as where its line starts in `file`
+/// (which `reader` reads from its start) when given.
+fn read_from(
     mut reader: impl BufRead,
     name: &dyn std::fmt::Display,
     input: &mut Input,
-    seen: &mut std::collections::HashSet<Url>,
+    file: Option<&Arc<std::fs::File>>,
 ) -> std::io::Result<()> {
     let mut bytes = Vec::new();
+    let mut at = 0_u64;
     for n in 0_u64.. {
         bytes.clear();
         let read = reader.read_until(b'\n', &mut bytes)?;
         if read == 0 {
             break;
         }
+        let line_at = at;
+        at += read as u64;
         // One undecodable line is skipped, not the whole file.
         let Ok(line) = std::str::from_utf8(&bytes) else {
             input.skipped.push(format!("{name}:{}: not UTF-8", n + 1));
@@ -105,12 +121,19 @@ pub fn read_lines(
         if text.is_empty() || text.starts_with('#') {
             continue;
         }
+        let added = |input: &mut Input, url: &Url| match file {
+            // The line's first word is the URL (leading blanks aside).
+            Some(file) => {
+                let blanks = (line.len() - line.trim_start().len()) as u64;
+                input.urls.push_line(url, file, line_at + blanks)
+            }
+            None => input.urls.push(url),
+        };
         match check_line(text) {
-            Ok((url, priority)) if seen.insert(url.clone()) => {
+            Ok((url, priority)) if added(input, &url) => {
                 if let Some(priority) = priority {
-                    input.priorities.insert(url.clone(), priority);
+                    input.priorities.insert(url, priority);
                 }
-                input.urls.push(url);
             }
             Ok(_) => input
                 .skipped
@@ -136,7 +159,7 @@ mod tests {
         )
         .unwrap();
         let input = read_urls(&["http://c.test/0".into()], Some(&path)).unwrap();
-        let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
+        let urls: Vec<String> = input.urls.urls().iter().map(Url::to_string).collect();
         assert_eq!(
             urls,
             ["http://c.test/0", "http://a.test/1", "https://b.test/2"]
@@ -166,7 +189,7 @@ http://a.test/6 256
         )
         .unwrap();
         let input = read_urls(&[], Some(&path)).unwrap();
-        let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
+        let urls: Vec<String> = input.urls.urls().iter().map(Url::to_string).collect();
         assert_eq!(
             urls,
             ["http://a.test/1", "http://a.test/2", "http://a.test/3"]
@@ -191,7 +214,7 @@ http://a.test/6 256
         )
         .unwrap();
         let input = read_urls(&[], Some(&path)).unwrap();
-        let urls: Vec<_> = input.urls.iter().map(Url::as_str).collect();
+        let urls: Vec<String> = input.urls.urls().iter().map(Url::to_string).collect();
         assert_eq!(urls, ["http://a.test/1", "http://a.test/3"]);
         assert_eq!(input.skipped.len(), 1, "{:?}", input.skipped);
         assert!(

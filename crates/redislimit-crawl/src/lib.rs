@@ -11,6 +11,7 @@
 
 mod args;
 mod crawler;
+mod frontier;
 pub mod input;
 pub mod policy_file;
 mod robots;
@@ -26,11 +27,12 @@ use clap::Parser;
 
 pub use self::args::{Args, Fallback, KeyByArg};
 pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
+pub use self::frontier::Frontier;
 pub use self::input::{Input, read_urls};
 pub use self::policy_file::{Settings, load as load_policy_file, parse_duration};
 pub use self::run::Pacer;
 pub use self::stop::{Stop, StopLevel};
-pub use self::summary::{HostSummary, summarize};
+pub use self::summary::{HostSummary, Tally, summarize};
 
 /// Runs the command line: parses the arguments, crawls, prints the summary.
 /// Exit code 0 when the crawl ran to the end (whatever the statuses), 2 on

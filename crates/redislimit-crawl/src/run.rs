@@ -8,10 +8,10 @@ use anyhow::{Context, bail};
 use redislimit::{DomainLimiter, Hooks, Limiter};
 
 use super::args::Args;
-use super::crawler::{Crawler, Fetched, ModeProbe};
+use super::crawler::{Crawler, ModeProbe};
 use super::input::read_urls;
 use super::stop::Stop;
-use super::summary::summarize;
+use super::summary::Tally;
 
 impl Args {
     /// The limiter: in-process, or Redis-backed with an in-process fallback
@@ -75,7 +75,10 @@ impl Args {
             Arc::clone(&signalled),
         ));
         let started = std::time::Instant::now();
-        let fetched = crawler.run(input.urls, true).await?;
+        let mut tally = Tally::default();
+        crawler
+            .run_each(input.urls, true, |fetched| tally.add(&fetched))
+            .await?;
         let elapsed = started.elapsed();
         // Every permit is back; the releases still on their way land now,
         // so the next replica does not wait out their leases.
@@ -88,7 +91,7 @@ impl Args {
             listener.abort();
         }
         crawler.check_report()?;
-        if let Err(err) = print_summary(&mut std::io::stdout().lock(), &fetched, total, elapsed)
+        if let Err(err) = print_summary(&mut std::io::stdout().lock(), &tally, total, elapsed)
             && err.kind() != std::io::ErrorKind::BrokenPipe
         {
             return Err(err).context("cannot print the summary");
@@ -177,7 +180,7 @@ async fn on_signals(stop: Stop, grace: Duration, first: Arc<std::sync::OnceLock<
 /// those sent, statuses; and how many URLs were not tried.
 fn print_summary(
     out: &mut impl std::io::Write,
-    fetched: &[Fetched],
+    tally: &Tally,
     total: usize,
     elapsed: Duration,
 ) -> std::io::Result<()> {
@@ -186,23 +189,22 @@ fn print_summary(
         "{:<28} {:>8} {:>10} {:>12} {:>10}  statuses",
         "host", "requests", "errors", "mean wait", "rate"
     )?;
-    for host in summarize(fetched) {
+    for host in tally.hosts() {
         writeln!(out, "{host}")?;
     }
-    let sent = fetched.iter().filter(|f| f.sent).count();
     write!(
         out,
         "{} requests sent, {} URLs ended, in {:.1}s",
-        sent,
-        fetched.len(),
+        tally.sent(),
+        tally.ended(),
         elapsed.as_secs_f64()
     )?;
-    let skipped = fetched.iter().filter(|f| f.skipped.is_some()).count();
+    let skipped = tally.skipped();
     if skipped > 0 {
         write!(out, "; {skipped} skipped (robots.txt)")?;
     }
-    if fetched.len() < total {
-        write!(out, "; {} not started (stopped)", total - fetched.len())?;
+    if tally.ended() < total {
+        write!(out, "; {} not started (stopped)", total - tally.ended())?;
     }
     writeln!(out)
 }

@@ -31,42 +31,105 @@ pub struct HostSummary {
 
 /// One summary per host, in host order, of the URLs that were tried.
 pub fn summarize(fetched: &[Fetched]) -> Vec<HostSummary> {
-    let mut hosts: BTreeMap<&str, Vec<&Fetched>> = BTreeMap::new();
-    // URLs robots.txt ruled out were never tried.
-    for f in fetched.iter().filter(|f| f.skipped.is_none()) {
-        hosts.entry(&f.host).or_default().push(f);
+    let mut tally = Tally::default();
+    for f in fetched {
+        tally.add(f);
     }
-    hosts
-        .into_iter()
-        .map(|(host, reqs)| {
-            let mut statuses = BTreeMap::new();
-            for status in reqs.iter().filter_map(|f| f.status) {
-                *statuses.entry(status).or_default() += 1;
+    tally.hosts()
+}
+
+/// What the summary needs of each URL that ended, added as they end: a
+/// crawl of millions of URLs does not keep them.
+#[derive(Debug, Default)]
+pub struct Tally {
+    hosts: BTreeMap<String, HostTally>,
+    ended: usize,
+    sent: usize,
+    skipped: usize,
+}
+
+/// One host's part of a [`Tally`].
+#[derive(Debug, Default)]
+struct HostTally {
+    requests: usize,
+    errors: usize,
+    statuses: BTreeMap<u16, usize>,
+    waited_ms: f64,
+    /// How many were sent, the first and last send (ms since the epoch).
+    sent: usize,
+    first_ms: u64,
+    last_ms: u64,
+    asked: BTreeMap<String, usize>,
+    longest_hold_ms: Option<u64>,
+}
+
+impl Tally {
+    /// Counts `f`.
+    pub fn add(&mut self, f: &Fetched) {
+        self.ended += 1;
+        self.sent += usize::from(f.sent);
+        // URLs robots.txt ruled out were never tried.
+        if f.skipped.is_some() {
+            self.skipped += 1;
+            return;
+        }
+        let host = match self.hosts.get_mut(&f.host) {
+            Some(host) => host,
+            None => self.hosts.entry(f.host.clone()).or_default(),
+        };
+        host.requests += 1;
+        host.errors += usize::from(f.error.is_some());
+        if let Some(status) = f.status {
+            *host.statuses.entry(status).or_default() += 1;
+        }
+        host.waited_ms += f.waited_ms as f64;
+        // Requests that never left (a blown --max-wait) are no part of
+        // the rate the host saw.
+        if f.sent {
+            if host.sent == 0 || f.start_ms < host.first_ms {
+                host.first_ms = f.start_ms;
             }
-            let mut asked = BTreeMap::new();
-            for cause in reqs.iter().filter_map(|f| f.asked.as_ref()) {
-                *asked.entry(cause.clone()).or_default() += 1;
-            }
-            // Requests that never left (a blown --max-wait) are no part
-            // of the rate the host saw.
-            let sent: Vec<u64> = reqs.iter().filter(|f| f.sent).map(|f| f.start_ms).collect();
-            let first = sent.iter().copied().min().unwrap_or(0);
-            let last = sent.iter().copied().max().unwrap_or(0);
-            let rate = (sent.len() > 1 && last > first)
-                .then(|| (sent.len() - 1) as f64 * 1000.0 / (last - first) as f64);
-            HostSummary {
-                host: host.to_owned(),
-                requests: reqs.len(),
-                errors: reqs.iter().filter(|f| f.error.is_some()).count(),
-                statuses,
-                mean_wait_ms: reqs.iter().map(|f| f.waited_ms as f64).sum::<f64>()
-                    / reqs.len() as f64,
-                rate,
-                asked,
-                longest_hold_ms: reqs.iter().filter_map(|f| f.hold_ms).max(),
-            }
-        })
-        .collect()
+            host.last_ms = host.last_ms.max(f.start_ms);
+            host.sent += 1;
+        }
+        if let Some(cause) = &f.asked {
+            *host.asked.entry(cause.clone()).or_default() += 1;
+        }
+        host.longest_hold_ms = host.longest_hold_ms.max(f.hold_ms);
+    }
+
+    /// URLs that ended (tried, or ruled out by robots.txt).
+    pub fn ended(&self) -> usize {
+        self.ended
+    }
+
+    /// Requests that were sent.
+    pub fn sent(&self) -> usize {
+        self.sent
+    }
+
+    /// URLs robots.txt ruled out.
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+
+    /// One summary per host, in host order.
+    pub fn hosts(&self) -> Vec<HostSummary> {
+        self.hosts
+            .iter()
+            .map(|(host, t)| HostSummary {
+                host: host.clone(),
+                requests: t.requests,
+                errors: t.errors,
+                statuses: t.statuses.clone(),
+                mean_wait_ms: t.waited_ms / t.requests as f64,
+                rate: (t.sent > 1 && t.last_ms > t.first_ms)
+                    .then(|| (t.sent - 1) as f64 * 1000.0 / (t.last_ms - t.first_ms) as f64),
+                asked: t.asked.clone(),
+                longest_hold_ms: t.longest_hold_ms,
+            })
+            .collect()
+    }
 }
 
 impl fmt::Display for HostSummary {

@@ -95,6 +95,13 @@ impl Slots {
         })
     }
 
+    /// How many slots are free that no URL asks for.
+    pub(super) fn idle(&self) -> usize {
+        self.free
+            .available_permits()
+            .saturating_sub(self.asking.load(Ordering::Acquire))
+    }
+
     /// Counts one more URL asking without a slot, when fewer ask that way
     /// than there are slots free.
     pub(super) fn try_ask_free(self: &Arc<Self>) -> Option<Asking> {

@@ -473,3 +473,44 @@ async fn url_file_priorities_order_each_hosts_urls() {
     assert_eq!(order, expected);
     assert_eq!(upstream.recorder().host("b.test").len(), 1);
 }
+
+/// A crawl over more hosts than it keeps in play (64 with one slot) sends
+/// every URL once, each host's second a `--min-delay` after its first; a
+/// `--resolve` pattern sends every name under it to the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_hosts_than_in_play_are_all_crawled_through_a_resolve_pattern() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    const HOSTS: usize = 150;
+    let host = |h: usize| format!("h{h}.many.test");
+    let list = dir.path().join("urls.txt");
+    let lines: Vec<String> = (0..2)
+        .flat_map(|i| (0..HOSTS).map(move |h| (i, h)))
+        .map(|(i, h)| upstream.url(&host(h), &format!("/p?i={i}")))
+        .collect();
+    std::fs::write(&list, lines.join("\n")).unwrap();
+    let pattern = format!("*.many.test:{}", upstream.addr().ip());
+    let list = list.display().to_string();
+    let args = [
+        "--resolve",
+        &pattern,
+        "--urls",
+        &list,
+        "--concurrency",
+        "1",
+        "--min-delay",
+        "30ms",
+    ];
+    let ran = run(dir.path(), args).await;
+    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    assert!(
+        ran.stdout.contains(&format!("{} requests sent", 2 * HOSTS)),
+        "{}",
+        ran.stdout
+    );
+    for h in 0..HOSTS {
+        let apart = second_after_first(&upstream, &host(h));
+        assert!(apart >= 30 * MS - SLACK, "{}: {apart:?}", host(h));
+    }
+}

@@ -652,7 +652,7 @@ fn sentinel_replica(
             limiter.check_config().await.unwrap();
             let limiter: Arc<dyn Limiter> = Arc::new(limiter.with_fallback());
             let crawler = Crawler::new(Arc::clone(&limiter), &args).unwrap();
-            let urls = list.iter().map(|u| u.parse().unwrap()).collect();
+            let urls: Vec<url::Url> = list.iter().map(|u| u.parse().unwrap()).collect();
             // Bounded like a crawl process (see `finish`), so a stuck replica fails the
             // test instead of hanging it.
             let fetched = tokio::time::timeout(Duration::from_secs(90), crawler.run(urls, false))
