@@ -294,10 +294,11 @@ fn configuration(dir: &Path, port: u16, config: &NginxConfig<'_>) -> String {
     format!(
         "worker_processes 1;
 master_process off;
+worker_rlimit_nofile 20000;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log info;
 events {{
-    worker_connections 4096;
+    worker_connections 16384;
 }}
 http {{
     log_format judge '$status $host $request_uri $msec $http_x_replica';

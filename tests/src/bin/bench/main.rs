@@ -8,6 +8,7 @@
 
 mod admissions;
 mod contention;
+mod crawl_memory;
 mod fairness;
 mod fleet;
 mod middleware;
@@ -158,6 +159,9 @@ fn main() {
         }
         if wanted("fleet") {
             figures.extend(fleet::run_figures().await);
+        }
+        if wanted("crawl_memory") {
+            figures.extend(crawl_memory::run().await);
         }
     });
     if let Some(dir) = out.parent() {
