@@ -247,6 +247,47 @@ async fn a_probe_in_a_turn_does_not_cost_the_turn() {
     assert!(min_send_gap(&seen) >= gap * 9 / 10, "{seen:?}");
 }
 
+/// Regression: a request taking its turn during an outage waits for the
+/// primary only until its turn's window ends. Once Redis was back but
+/// slower to answer than that window, every answer came too late to end
+/// the outage, and the replicas stayed on their shares for good. An answer
+/// that comes after the turn now ends it: with one replica gone quiet, the
+/// two left go back to the whole shared cap of requests in flight, which
+/// their shares (a third each) could not reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_leave_their_shares_when_redis_answers_slowly() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.addr()).await;
+    let url = proxy.url();
+    // A turn's window is 2 ms; Redis answers in 12-15 ms.
+    let gap = 20 * MS;
+    let all = replicas_at(&[&url, &url, &url], gap, 6, FallbackPolicy::Share).await;
+    proxy.stall();
+    drop(crawl(&all, &["a.test"], ALONE_AFTER + 1000 * MS, 600 * MS).await);
+    proxy.delay_replies(12 * MS, 15 * MS);
+    let seen = crawl(&all[..2], &["a.test"], Duration::from_secs(7), 600 * MS)
+        .await
+        .host("a.test");
+    proxy.resume();
+    let last = seen
+        .iter()
+        .map(|r| r.send)
+        .max()
+        .expect("sends after the outage");
+    let late: Vec<_> = seen
+        .iter()
+        .filter(|r| r.send + Duration::from_secs(3) > last)
+        .cloned()
+        .collect();
+    // Two shares of a cap of six: four; the whole cap: six.
+    assert!(
+        max_in_flight(&late) >= 5,
+        "at most {} in flight in the last 3 s: the replicas did not leave their shares",
+        max_in_flight(&late)
+    );
+    assert!(max_in_flight(&seen) <= 6);
+}
+
 /// With a cap of one request (serialized mode), sharing cannot divide it:
 /// one replica serves the host, exactly as Redis would have paced it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

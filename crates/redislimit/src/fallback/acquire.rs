@@ -26,7 +26,7 @@ pub(super) struct Acquire<'a, P> {
     pub(super) fallback: &'a DomainLimiter,
     pub(super) hooks: &'a dyn Hooks,
     pub(super) outage: Option<&'a dyn OutagePlan>,
-    pub(super) shares: &'a Shares,
+    pub(super) shares: &'a Arc<Shares>,
     pub(super) adoptions: &'a Arc<Adoptions>,
     pub(super) deferred: &'a Deferred,
     pub(super) degraded: &'a AtomicBool,
@@ -106,16 +106,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                         .await
                 }
             };
-            // An admission, or a wait its backend named (not one its own
-            // queues named, nor a deadline that cut a call short): it
-            // answers.
-            let answered = match &asked {
-                Ok(_) => true,
-                Err(Error::WaitBudget { .. }) => crate::limiter::coordination(&**self.primary)
-                    .is_some_and(|c| c.answered_since(asking)),
-                Err(_) => false,
-            };
-            if answered {
+            if answers(&**self.primary, &asked, asking) {
                 self.answered();
             }
             let err = match asked {
@@ -288,12 +279,21 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         ends: Instant,
         request: RequestPacing,
     ) -> Result<Permit, Error> {
-        let primary = Arc::clone(self.primary);
+        let (primary, shares) = (Arc::clone(self.primary), Arc::clone(self.shares));
         let (engine, host) = (engine.to_owned(), host.clone());
         let mut call = tokio::spawn(async move {
-            primary
+            let asking = Instant::now();
+            let asked = primary
                 .acquire_with(&engine, host, ask_until, request)
-                .await
+                .await;
+            // An answer that comes after the turn still ends the outage for
+            // this replica: its grace starts, and its next request asks
+            // the primary in full. (Else a primary slower to answer than a
+            // turn's window would keep the replica on its share for good.)
+            if answers(&*primary, &asked, asking) {
+                shares.answered(Instant::now());
+            }
+            asked
         });
         match tokio::time::timeout_at(ends, &mut call).await {
             Ok(Ok(asked)) => asked,
@@ -469,4 +469,21 @@ fn joint<const N: usize>(host: HostKey, waited: Duration, parts: [Option<Permit>
             .flatten()
             .for_each(Permit::abandon);
     })
+}
+
+/// Whether `asked`, what `primary` said to a call made at `asking`, is the
+/// primary's answer: an admission, or a wait its backend named (not one its
+/// own queues named, nor a deadline that cut the call short).
+fn answers<P: Limiter + ?Sized>(
+    primary: &P,
+    asked: &Result<Permit, Error>,
+    asking: Instant,
+) -> bool {
+    match asked {
+        Ok(_) => true,
+        Err(Error::WaitBudget { .. }) => {
+            crate::limiter::coordination(primary).is_some_and(|c| c.answered_since(asking))
+        }
+        Err(_) => false,
+    }
 }

@@ -190,7 +190,7 @@ fn merge(top: usize, local: &Snapshot, mut shared: Snapshot) -> Snapshot {
 impl<P: Limiter + 'static> FallbackLimiter<P> {
     /// This limiter's parts, as an acquire works with them, with the
     /// shares of the failure domain (`shares`) of the host it is for.
-    fn parts<'a>(&'a self, shares: &'a Shares) -> Acquire<'a, P> {
+    fn parts<'a>(&'a self, shares: &'a Arc<Shares>) -> Acquire<'a, P> {
         Acquire {
             primary: &self.primary,
             fallback: &self.fallback,
