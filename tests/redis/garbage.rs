@@ -134,6 +134,22 @@ async fn every_operation_heals_what_it_meets() {
             .unwrap(),
     );
     assert!(start.elapsed() < 4 * LEASE);
+
+    // Garbage met by the release alone (a lease-mode release is a plain
+    // `ZREM`, which the server refuses on a string): the release replaces
+    // it, as the script does, instead of failing until the lease lapses.
+    tokio::time::sleep(100 * MS).await;
+    let held = bounded(5, l.acquire_host("t", host("b.test"), None))
+        .await
+        .unwrap();
+    server.command(&["SET", &keys.leases, "garbage"]);
+    drop(held);
+    tokio::time::sleep(100 * MS).await;
+    assert_eq!(
+        server.command(&["TYPE", &keys.leases]).trim(),
+        "+none",
+        "the release left the garbage in place"
+    );
 }
 
 /// A bucketed quota's state (large quotas) that does not parse is replaced

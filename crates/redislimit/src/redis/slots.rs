@@ -163,7 +163,7 @@ async fn release(core: &Core, ticket: &Ticket, abandoned: bool) {
     }
 }
 
-/// One call of the release script: whether the token still held its slot.
+/// One release call (see `scripts/release.rs`): whether the token still held its slot.
 async fn call_release(core: &Core, ticket: &Ticket, abandoned: bool) -> Result<bool, CallError> {
     core.backend
         .release(

@@ -82,6 +82,8 @@ impl Tally {
                     "incr",
                     "ping",
                     "script|load",
+                    // A lease-mode release (no script runs a `ZREM` here).
+                    "zrem",
                 ]
                 .contains(&name.as_str())
             })
@@ -219,8 +221,9 @@ pub(crate) async fn run() -> Vec<Figure> {
     server.command(&["CONFIG", "RESETSTAT"]);
     held.clear();
     tokio::time::sleep(Duration::from_millis(500)).await; // the spawned releases land
+    // Lease mode: a release is one `ZREM` (serialized mode runs the script).
     let mut release = Tally::default();
-    release.add(&server, "fcall", N);
+    release.add(&server, "zrem", N);
 
     // 1,000 live leases on one host, then more acquires on that host, in
     // turns with acquires on hosts holding one lease each: the same work
@@ -329,7 +332,7 @@ pub(crate) async fn run() -> Vec<Figure> {
             "GCRA script",
             "commands",
             params.clone(),
-        ).held_to("one script call per operation (at most 1.05: heartbeats land in the count)", ratio_ok(release_cmds, gcra_cmds)),
+        ).held_to("one call per operation (at most 1.05: heartbeats land in the count)", ratio_ok(release_cmds, gcra_cmds)),
         Figure::new(
             "redis_release_server_us",
             release_us,

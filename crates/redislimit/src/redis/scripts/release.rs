@@ -1,14 +1,22 @@
-//! release.lua's arguments and reply (its header says what each is).
+//! release.lua's arguments and reply (its header says what each is), and
+//! the completion of a lease, which needs no script.
 
-use deadpool_redis::redis::Cmd;
+use deadpool_redis::redis::{self, Cmd};
 
 use super::{RELEASE, ScriptError};
 use crate::redis::keys::RedisKeys;
-use crate::redis::pool::Connections;
-use crate::redis::settings::Args;
+use crate::redis::pool::{Connections, QueryError};
+use crate::redis::settings::{Args, Mode};
 
 /// Runs release.lua for `token` on `keys` (as `abandoned` when its
 /// request was never sent): whether the token still held its slot.
+///
+/// A request completed in lease mode only gives its lease back (a
+/// completion moves nothing else there): that is one `ZREM` of its
+/// members, a fraction of the script's cost on the server. The script
+/// still runs when the lease set is not a ZSET, so that garbage is
+/// replaced as every operation replaces it, and for a user the server
+/// does not allow `ZREM`.
 pub(crate) async fn run(
     redis: &Connections,
     keys: &RedisKeys,
@@ -17,6 +25,16 @@ pub(crate) async fn run(
     args: &Args,
     lease_ttl_us: u64,
 ) -> Result<bool, ScriptError> {
+    if !abandoned && matches!(args.mode, Mode::Lease(_)) {
+        match redis
+            .query::<i64>(&lease_members(keys, token, args.weight))
+            .await
+        {
+            Ok(removed) => return Ok(removed > 0),
+            Err(QueryError::Redis(e)) if matches!(e.code(), Some("WRONGTYPE" | "NOPERM")) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let held = RELEASE
         .run::<i64>(redis, &keys.all(), |cmd: &mut Cmd| {
             cmd.arg(token)
@@ -30,4 +48,15 @@ pub(crate) async fn run(
         })
         .await?;
     Ok(held == 1)
+}
+
+/// `ZREM` of the members a request of `weight` is kept as in the lease set
+/// (`members` in common.lua: its token, then `token#2` .. `token#weight`).
+fn lease_members(keys: &RedisKeys, token: &str, weight: u32) -> Cmd {
+    let mut cmd = redis::cmd("ZREM");
+    cmd.arg(&keys.leases).arg(token);
+    for i in 2..=weight {
+        cmd.arg(format!("{token}#{i}"));
+    }
+    cmd
 }
