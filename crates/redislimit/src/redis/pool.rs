@@ -387,10 +387,17 @@ impl Connections {
         current.1.clone().map(|conn| (current.0, conn))
     }
 
+    /// The shared connection, made first if there is none. Only the
+    /// making is a future of its own (boxed: the pools' futures are kilobytes,
+    /// and every call's future would otherwise carry them).
     async fn connection(&self) -> Result<(u64, Conn), QueryError> {
-        if let Some(cached) = self.cached() {
-            return Ok(cached);
+        match self.cached() {
+            Some(cached) => Ok(cached),
+            None => Box::pin(self.connect()).await,
         }
+    }
+
+    async fn connect(&self) -> Result<(u64, Conn), QueryError> {
         let _connecting = self.connecting.lock().await;
         if let Some(cached) = self.cached() {
             return Ok(cached);

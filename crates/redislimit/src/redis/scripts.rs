@@ -136,27 +136,11 @@ impl LuaScript {
             let loads = functions.loads();
             let sent = Instant::now();
             match redis.query(&fcall).await {
+                // Boxed, as is the `EVAL` below: every call's future would
+                // otherwise carry the rare paths' futures.
                 Err(err) if is_missing_function(&err) => {
-                    let load =
-                        async { redis.query::<redis::Value>(&LIBRARY.load()).await.map(drop) };
-                    match functions.load_once(loads, load).await {
-                        Ok(()) => {
-                            let sent = Instant::now();
-                            match redis.query(&fcall).await {
-                                // Loaded, yet missing where the call went
-                                // (a node that joined meanwhile): the
-                                // script, for this call.
-                                Err(err) if is_missing_function(&err) => {}
-                                result => return (result, sent),
-                            }
-                        }
-                        Err(err) if refuses_functions(&err) => functions.disable(&err),
-                        // Not loaded everywhere (a Cluster master down, a
-                        // server out of memory): the script, for this call.
-                        Err(err) => tracing::warn!(
-                            error = %err,
-                            "could not load the function library; this call runs as a script"
-                        ),
+                    if let Some(done) = Box::pin(load_and_call(redis, &fcall, loads)).await {
+                        return done;
                     }
                 }
                 Err(err) if refuses_functions(&err) => functions.disable(&err),
@@ -166,10 +150,50 @@ impl LuaScript {
         let sent = Instant::now();
         match redis.query(&call("EVALSHA", &self.sha)).await {
             Err(err) if err.is_noscript() => {
-                let sent = Instant::now();
-                (redis.query(&call("EVAL", &self.source)).await, sent)
+                Box::pin(async {
+                    let sent = Instant::now();
+                    (redis.query(&call("EVAL", &self.source)).await, sent)
+                })
+                .await
             }
             result => (result, sent),
+        }
+    }
+}
+
+/// After the server said the function `fcall` calls is missing: loads the
+/// library (one load at a time; not again if another call loaded it since
+/// `loads`) and sends `fcall` again, with when it was sent. `None` when
+/// this call is to run as a script instead.
+async fn load_and_call<T: FromRedisValue>(
+    redis: &Connections,
+    fcall: &Cmd,
+    loads: u64,
+) -> Option<(Result<T, QueryError>, Instant)> {
+    let functions = redis.functions();
+    let load = async { redis.query::<redis::Value>(&LIBRARY.load()).await.map(drop) };
+    match functions.load_once(loads, load).await {
+        Ok(()) => {
+            let sent = Instant::now();
+            match redis.query(fcall).await {
+                // Loaded, yet missing where the call went (a node that
+                // joined meanwhile): the script, for this call.
+                Err(err) if is_missing_function(&err) => None,
+                result => Some((result, sent)),
+            }
+        }
+        Err(err) if refuses_functions(&err) => {
+            functions.disable(&err);
+            None
+        }
+        // Not loaded everywhere (a Cluster master down, a server out of
+        // memory): the script, for this call.
+        Err(err) => {
+            tracing::warn!(
+                error = %err,
+                "could not load the function library; this call runs as a script"
+            );
+            None
         }
     }
 }
