@@ -20,8 +20,12 @@ use super::policy_file::{Settings, load as load_policy_file, parse_duration};
 #[command(
     after_help = "Logs go to stderr; RUST_LOG sets what is shown (default: info). \
 On SIGINT or SIGTERM no request starts; those in flight have --grace to finish, every \
-permit is released, the report and the summary are written, and the exit code is 130 or \
-143. A second signal ends the requests in flight at once."
+permit is released, the report (every URL not started too) and the summary are written, \
+and the exit code is 130 or 143. A second signal ends the requests in flight at once. \
+Exit codes: 0 every URL ended with an HTTP response (any status) or was skipped by \
+robots.txt; 2 bad input, a report that cannot be written, a misconfigured or unreachable \
+Redis, settings that lose the scope's agreement; 4 the crawl ran to its end but some URLs \
+got no HTTP response (no connection, a timeout, a blown --max-wait); 130/143 a signal."
 )]
 pub struct Args {
     /// URLs to fetch.
@@ -167,9 +171,18 @@ pub struct Args {
     /// `--concurrency` meanwhile. Unbounded by default.
     #[arg(long, value_parser = parse_duration)]
     pub max_wait: Option<Duration>,
-    /// Write one JSON object per request to FILE.
+    /// Write one JSON object per URL to FILE (`-`: standard output, the
+    /// summary then going to stderr). After a signal every URL not started
+    /// is written with `"not_started": true`. A line that cannot be
+    /// written stops the crawl (exit 2).
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Leave out the URLs the report FILE of an earlier run holds as ended
+    /// (fetched, failed, or skipped by robots.txt; those it wrote as
+    /// `not_started` are fetched). With `--report` naming the same file,
+    /// its lines are added to the end of it.
+    #[arg(long, value_name = "FILE")]
+    pub resume: Option<PathBuf>,
     /// The `User-Agent` sent, and the agent robots.txt rules are read for.
     #[arg(long, default_value = concat!("redislimit-crawl/", env!("CARGO_PKG_VERSION")))]
     pub user_agent: String,

@@ -4,11 +4,10 @@
 //! to send, so a host held back by a long penalty delays nobody else.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::io::{IsTerminal, LineWriter, Write};
+use std::io::IsTerminal;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -20,18 +19,20 @@ use redislimit::http::{
 use redislimit::{Error, HostKey, KeyBy, Limiter, RequestPacing};
 use redislimit_reqwest::{NotSent, PacingMiddleware, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 use url::Url;
 
 mod fetch;
 mod play;
 mod progress;
+mod report;
 mod resolve;
 mod slots;
 
 use self::play::Play;
 use self::progress::{Progress, Waiting, note_hold, note_penalty};
+pub use self::report::Fetched;
+use self::report::Report;
 pub(crate) use self::resolve::Patterns;
 use self::slots::{Ask, CrawlDelay, SlotGate, Slots, Stamp};
 use super::Args;
@@ -39,44 +40,6 @@ use super::robots::{Rules, robots_url};
 use super::stop::{Stop, StopLevel};
 use crate::Frontier;
 use crate::frontier::{Kept, Lines};
-
-/// What happened to one URL; one line of the `--report` file.
-#[derive(Debug, Clone, Serialize)]
-pub struct Fetched {
-    /// The URL (with any user name and password redacted).
-    pub url: String,
-    /// Its host key (the limiter's key: the registrable domain or
-    /// `host:port` with `--key-by domain` or `host-port`).
-    pub host: String,
-    /// The response status, when there was a response.
-    pub status: Option<u16>,
-    /// Why there was no (complete) response, with its causes.
-    pub error: Option<String>,
-    /// Whether the request left (an error before sending, such as a
-    /// blown `--max-wait`, leaves it false).
-    pub sent: bool,
-    /// When the request was sent (Unix epoch milliseconds).
-    pub start_ms: u64,
-    /// When the body had been read to the end, or the request failed.
-    pub end_ms: u64,
-    /// How long it waited for its host's turn.
-    pub waited_ms: u64,
-    /// The delay a `Retry-After` header asked for, if any (saturating).
-    pub retry_after_ms: Option<u64>,
-    /// The hold the host was given for this response: what it asked for
-    /// (or `--default-penalty`, or the backoff), capped by `--max-penalty`.
-    pub hold_ms: Option<u64>,
-    /// Why it was held: `retry-after`, `budget-spent`, `budget-low`,
-    /// `default-penalty`, `backoff` or `recovering` (see
-    /// `redislimit::http::ServerSignal::cause`).
-    pub asked: Option<String>,
-    /// The URLs redirected from, in order (redacted).
-    pub redirects: Vec<String>,
-    /// The URL of the last response, when it differs from `url`.
-    pub final_url: Option<String>,
-    /// Why it was not tried (robots.txt), when it was not; not an error.
-    pub skipped: Option<String>,
-}
 
 /// `--robots`: what the crawl asks robots.txt about.
 #[derive(Debug, Clone)]
@@ -112,9 +75,7 @@ pub struct Crawler {
     key_by: KeyBy,
     /// The priorities the URL file gave.
     priorities: Arc<HashMap<Url, u8>>,
-    report: Option<Arc<Mutex<LineWriter<File>>>>,
-    /// Set when a report line could not be written.
-    report_failed: Arc<AtomicBool>,
+    report: Option<Arc<Report>>,
     stop: Stop,
     mode: ModeProbe,
     limiter: Arc<dyn Limiter>,
@@ -247,7 +208,6 @@ impl Crawler {
             key_by: args.key_by.into(),
             priorities: Arc::default(),
             report: None,
-            report_failed: Arc::default(),
             stop: Stop::new(),
             mode: Arc::new(|| "in-process".to_owned()),
             limiter,
@@ -261,11 +221,18 @@ impl Crawler {
         })
     }
 
-    /// Also writes one JSON line per request to `path`.
+    /// Also writes one JSON line per URL to `path` (`-`: standard
+    /// output), emptied first when it exists. A line that cannot be written
+    /// stops the crawl, as [`fatal`](Self::fatal) says.
     pub fn with_report(mut self, path: &Path) -> anyhow::Result<Self> {
-        let file =
-            File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
-        self.report = Some(Arc::new(Mutex::new(LineWriter::new(file))));
+        self.report = Some(Arc::new(Report::open(path, false)?));
+        Ok(self)
+    }
+
+    /// [`with_report`](Self::with_report), adding to the end of `path`
+    /// (a crawl resumed from the report it goes on writing).
+    pub fn with_report_appended(mut self, path: &Path) -> anyhow::Result<Self> {
+        self.report = Some(Arc::new(Report::open(path, true)?));
         Ok(self)
     }
 
@@ -309,10 +276,12 @@ impl Crawler {
     }
 
     /// Fetches every URL once, each host's in input order; returns what
-    /// happened to each URL that was tried, in the order they finished.
-    /// `progress` shows a bar on stderr when it is a terminal, and a line
-    /// every `--progress-every` otherwise. After [`Stop::graceful`] no URL
-    /// starts; after [`Stop::abort`] requests in flight end at once.
+    /// happened to each URL, in the order they finished. `progress` shows a
+    /// bar on stderr when it is a terminal, and a line every
+    /// `--progress-every` otherwise. After [`Stop::graceful`] no URL
+    /// starts; after [`Stop::abort`] requests in flight end at once. Every
+    /// URL comes back: those the stop kept from starting marked
+    /// [`not_started`](Fetched::not_started).
     pub async fn run(
         &self,
         urls: impl Into<Frontier>,
@@ -325,7 +294,7 @@ impl Crawler {
     }
 
     /// [`run`](Self::run), handing what happened to each URL to `each` as
-    /// it ends instead of keeping it; returns how many ended. Hosts come
+    /// it ends instead of keeping it; returns how many it handed. Hosts come
     /// into play a few at a time: 16 per `--concurrency` slot (at least
     /// 64), the next as one sends its last URL, more while slots sit free
     /// that no URL asks for. So a crawl's memory and connections follow
@@ -393,6 +362,15 @@ impl Crawler {
                 }
             }
         }
+        // Stopped before these hosts came into play.
+        for url in play
+            .rest()
+            .flat_map(|(_, queue)| queue)
+            .filter_map(|kept| lines.url(&kept))
+        {
+            each(self.finish(self.unstarted(&url), &bar));
+            ended += 1;
+        }
         bar.finish_and_clear();
         if progress && !terminal {
             self.progress_line(&counters, total, started);
@@ -452,6 +430,7 @@ impl Crawler {
             (Some(robots), Some(first)) => {
                 let _waiting = Waiting::new(&counters);
                 let Some(rules) = self.robots_rules(robots, first, &slots, &mut stop).await else {
+                    self.not_started(queue, &lines, &tx);
                     return;
                 };
                 if let (Some(delay), Ok(key)) = (
@@ -485,14 +464,16 @@ impl Crawler {
             let _waiting = Waiting::new(&counters);
             let mut slot: Option<OwnedSemaphorePermit> = None;
             let mut not_before = None;
-            loop {
+            // Left only by `continue 'urls` once the URL ended, or by a
+            // break when the crawl stops before it started.
+            'attempts: loop {
                 if self.stop.level() != StopLevel::Run {
-                    break 'urls;
+                    break 'attempts;
                 }
                 if let Some(at) = not_before.take()
                     && !sleep_or_stop(at, &mut stop).await
                 {
-                    break 'urls;
+                    break 'attempts;
                 }
                 // Without a slot kept from the last attempt, ask as `Slots`
                 // says: holding a slot when they are scarce.
@@ -500,17 +481,17 @@ impl Crawler {
                 if slot.is_none() {
                     let ask = tokio::select! {
                         ask = slots.ask() => ask,
-                        () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
+                        () = stopped(&mut stop, StopLevel::Graceful) => break 'attempts,
                     };
                     match ask {
                         Some(Ask::Free(free)) => asking = Some(free),
                         Some(Ask::Holding(held)) => slot = Some(held),
-                        None => break 'urls,
+                        None => break 'attempts,
                     }
                 }
                 let probe = slot.is_some();
                 let gate = SlotGate::new(&slots.free, slot.take());
-                let (admitted_tx, admitted_rx) = oneshot::channel();
+                let (admitted_tx, mut admitted_rx) = oneshot::channel();
                 let this = self.clone();
                 let attempt_url = url.clone();
                 let delay = crawl_delay.clone();
@@ -522,11 +503,19 @@ impl Crawler {
                 // was sent, nothing stays booked).
                 let admitted = tokio::select! {
                     biased;
-                    sent = admitted_rx => sent.is_ok(),
+                    sent = &mut admitted_rx => sent.is_ok(),
                     () = stopped(&mut stop, StopLevel::Graceful) => {
                         task.abort();
                         let _ = (&mut task).await;
-                        break 'urls;
+                        if admitted_rx.try_recv().is_err() {
+                            break 'attempts;
+                        }
+                        // Admitted as the stop came: it may have left, so
+                        // it ended (a resumed crawl must not send it again).
+                        let mut fetched = self.fetched(&url, queued, None, None, None);
+                        (fetched.sent, fetched.error) = (true, Some("stopped as it was sent".into()));
+                        let _ = tx.send(fetched);
+                        continue 'urls;
                     }
                 };
                 // Admitted (holding a slot now) or done asking.
@@ -557,12 +546,28 @@ impl Crawler {
                     Ok(Attempt::NoSlot) => {
                         slot = tokio::select! {
                             slot = Arc::clone(&slots.free).acquire_owned() => slot.ok(),
-                            () = stopped(&mut stop, StopLevel::Graceful) => break 'urls,
+                            () = stopped(&mut stop, StopLevel::Graceful) => break 'attempts,
                         };
                     }
                     Err(_) => continue 'urls,
                 }
             }
+            // Stopped before this URL started.
+            queue.push_front(kept);
+            break;
+        }
+        self.not_started(queue, &lines, &tx);
+    }
+
+    /// Reports each URL of `queue` as not started.
+    fn not_started(
+        &self,
+        queue: VecDeque<Kept>,
+        lines: &Lines,
+        tx: &mpsc::UnboundedSender<Fetched>,
+    ) {
+        for url in queue.iter().filter_map(|kept| lines.url(kept)) {
+            let _ = tx.send(self.unstarted(&url));
         }
     }
 }

@@ -24,6 +24,9 @@ pub struct Frontier {
     len: usize,
     /// The file the kept lines are in.
     file: Option<Arc<File>>,
+    /// URLs an earlier run ended (as its report names them), to be left
+    /// out (see [`has_ended`](Frontier::has_ended)).
+    ended: HashSet<u128>,
 }
 
 /// How a URL is kept until its turn.
@@ -129,6 +132,19 @@ impl Frontier {
             Kept::Text(url.as_str().into())
         };
         self.add(url, kept)
+    }
+
+    /// Marks the URL a report names `reported` (credentials redacted, see
+    /// [`redact`](crate::redact)) as ended by an earlier run.
+    pub fn mark_ended(&mut self, reported: &str) {
+        self.ended.insert(fingerprint(reported));
+    }
+
+    /// Whether an earlier run ended `url` (see
+    /// [`mark_ended`](Self::mark_ended)): a crawl resumed from its report
+    /// leaves it out.
+    pub fn has_ended(&self, url: &Url) -> bool {
+        !self.ended.is_empty() && self.ended.contains(&fingerprint(&crate::redact(url)))
     }
 
     fn add(&mut self, url: &Url, kept: Kept) -> bool {

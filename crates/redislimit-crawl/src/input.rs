@@ -21,6 +21,37 @@ pub struct Input {
     /// The priorities lines gave (`URL PRIORITY`); the others have the
     /// default.
     pub priorities: std::collections::HashMap<Url, u8>,
+    /// URLs left out because an earlier run ended them (see
+    /// [`resume_from`]).
+    pub resumed: usize,
+}
+
+/// An input that leaves out the URLs the report at `path` holds as ended
+/// (fetched, failed, or skipped by robots.txt; not those written as
+/// `not_started`): [`read_urls_into`] it to resume a crawl. A line of the
+/// report that cannot be read (cut short when its replica was killed) is
+/// counted in `skipped`, and its URL fetched again.
+pub fn resume_from(path: &Path) -> anyhow::Result<Input> {
+    let context = || format!("cannot read the report {}", path.display());
+    let file = std::fs::File::open(path).with_context(context)?;
+    let mut input = Input::default();
+    for (n, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(context)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value = serde_json::from_str::<serde_json::Value>(&line).ok();
+        match value.as_ref().and_then(|v| Some((v["url"].as_str()?, v))) {
+            Some((url, v)) if v["not_started"] != true => input.urls.mark_ended(url),
+            Some(_) => {}
+            None => input.skipped.push(format!(
+                "{}:{}: not a report line; its URL is fetched again",
+                path.display(),
+                n + 1
+            )),
+        }
+    }
+    Ok(input)
 }
 
 /// A file line: a URL, optionally followed by whitespace and a priority
@@ -57,9 +88,19 @@ pub fn check(text: &str) -> Result<Url, String> {
 /// by hand) and those in `file` (`-` for stdin; a bad line is skipped and
 /// reported with its line number). A URL seen twice is fetched once.
 pub fn read_urls(args: &[String], file: Option<&Path>) -> anyhow::Result<Input> {
-    let mut input = Input::default();
+    read_urls_into(Input::default(), args, file)
+}
+
+/// [`read_urls`] into `input`, leaving out the URLs it holds as ended
+/// (see [`resume_from`]).
+pub fn read_urls_into(
+    mut input: Input,
+    args: &[String],
+    file: Option<&Path>,
+) -> anyhow::Result<Input> {
     for arg in args {
         match check(arg) {
+            Ok(url) if input.urls.has_ended(&url) => input.resumed += 1,
             Ok(url) => {
                 input.urls.push(&url);
             }
@@ -130,6 +171,7 @@ fn read_from(
             None => input.urls.push(url),
         };
         match check_line(text) {
+            Ok((url, _)) if input.urls.has_ended(&url) => input.resumed += 1,
             Ok((url, priority)) if added(input, &url) => {
                 if let Some(priority) = priority {
                     input.priorities.insert(url, priority);
@@ -219,6 +261,49 @@ http://a.test/6 256
         assert_eq!(input.skipped.len(), 1, "{:?}", input.skipped);
         assert!(
             input.skipped[0].ends_with(":2: not UTF-8"),
+            "{:?}",
+            input.skipped
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A resumed input leaves out what the report holds as ended (by its
+    /// redacted form for a URL with credentials), fetches what it holds as
+    /// not started, and fetches again a URL whose line is cut short.
+    #[test]
+    fn a_resumed_input_leaves_out_what_the_report_ended() {
+        let dir = std::env::temp_dir().join(format!("crawl-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let report = dir.join("report.jsonl");
+        std::fs::write(
+            &report,
+            concat!(
+                r#"{"url":"http://a.test/1","status":200,"not_started":false}"#,
+                "\n",
+                r#"{"url":"http://redacted@a.test/2","status":null,"error":"refused"}"#,
+                "\n",
+                r#"{"url":"http://a.test/3","not_started":true}"#,
+                "\n",
+                r#"{"url":"http://a.test/4","sta"#,
+            ),
+        )
+        .unwrap();
+        let urls = dir.join("urls.txt");
+        std::fs::write(
+            &urls,
+            "http://a.test/1\nhttp://user:pw@a.test/2\nhttp://a.test/3\nhttp://a.test/4\nhttp://a.test/5\n",
+        )
+        .unwrap();
+        let input = read_urls_into(resume_from(&report).unwrap(), &[], Some(&urls)).unwrap();
+        let left: Vec<String> = input.urls.urls().iter().map(Url::to_string).collect();
+        assert_eq!(
+            left,
+            ["http://a.test/3", "http://a.test/4", "http://a.test/5"]
+        );
+        assert_eq!(input.resumed, 2);
+        assert_eq!(input.skipped.len(), 1, "{:?}", input.skipped);
+        assert!(
+            input.skipped[0].contains(":4: not a report line"),
             "{:?}",
             input.skipped
         );

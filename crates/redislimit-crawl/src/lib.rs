@@ -28,16 +28,18 @@ use clap::Parser;
 pub use self::args::{Args, Fallback, KeyByArg};
 pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::frontier::Frontier;
-pub use self::input::{Input, read_urls};
+pub use self::input::{Input, read_urls, read_urls_into, resume_from};
 pub use self::policy_file::{Settings, load as load_policy_file, parse_duration};
-pub use self::run::Pacer;
+pub use self::run::{Ended, Pacer};
 pub use self::stop::{Stop, StopLevel};
 pub use self::summary::{HostSummary, Tally, summarize};
 
 /// Runs the command line: parses the arguments, crawls, prints the summary.
-/// Exit code 0 when the crawl ran to the end (whatever the statuses), 2 on
-/// bad input or a Redis that is unreachable at start, 130 or 143 when
-/// SIGINT or SIGTERM stopped it.
+/// Exit code 0 when the crawl ran to the end and every URL got an HTTP
+/// response (whatever its status) or was skipped by robots.txt, 4 when it
+/// ran to the end but some got none, 2 on bad input, a report that cannot
+/// be written or a Redis that is unreachable at start, 130 or 143 when
+/// SIGINT or SIGTERM stopped it (see [`Ended::exit_code`]).
 pub fn main() -> ExitCode {
     let args = Args::parse();
     init_logs();
@@ -52,8 +54,7 @@ pub fn main() -> ExitCode {
         }
     };
     match runtime.block_on(args.run()) {
-        Ok(None) => ExitCode::SUCCESS,
-        Ok(Some(signal)) => ExitCode::from(128 + u8::try_from(signal).unwrap_or(0)),
+        Ok(ended) => ExitCode::from(ended.exit_code()),
         Err(err) => {
             tracing::error!("{}", redislimit::error::Causes(err.as_ref()));
             ExitCode::from(2)

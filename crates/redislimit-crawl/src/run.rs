@@ -9,7 +9,7 @@ use redislimit::{DomainLimiter, Hooks, Limiter};
 
 use super::args::Args;
 use super::crawler::{Crawler, ModeProbe};
-use super::input::read_urls;
+use super::input::{read_urls_into, resume_from};
 use super::stop::Stop;
 use super::summary::Tally;
 
@@ -47,12 +47,27 @@ impl Args {
         })
     }
 
-    /// Crawls as these arguments say. Returns the signal that stopped the
-    /// crawl, if one did.
-    pub async fn run(self) -> anyhow::Result<Option<i32>> {
-        let input = read_urls(&self.urls, self.urls_file.as_deref())?;
+    /// Crawls as these arguments say. Returns how it ended (the signal
+    /// that stopped it, the URLs without a response).
+    pub async fn run(self) -> anyhow::Result<Ended> {
+        let start = match &self.resume {
+            Some(report) => resume_from(report)?,
+            None => super::Input::default(),
+        };
+        let input = read_urls_into(start, &self.urls, self.urls_file.as_deref())?;
         for problem in &input.skipped {
             tracing::warn!("skipped {problem}");
+        }
+        if let Some(report) = &self.resume {
+            tracing::info!(
+                "resuming: {} URLs the report {} holds as ended are left out",
+                input.resumed,
+                report.display()
+            );
+            if input.urls.is_empty() && input.resumed > 0 {
+                tracing::info!("nothing is left to fetch");
+                return Ok(Ended::default());
+            }
         }
         if input.urls.is_empty() {
             bail!("no URLs to fetch");
@@ -66,7 +81,11 @@ impl Args {
             .with_mode(Arc::clone(&pacer.mode))
             .with_priorities(input.priorities);
         if let Some(path) = &self.report {
-            crawler = crawler.with_report(path)?;
+            crawler = if self.resume.as_deref().is_some_and(|r| same_file(r, path)) {
+                crawler.with_report_appended(path)?
+            } else {
+                crawler.with_report(path)?
+            };
         }
         let signalled = Arc::new(std::sync::OnceLock::new());
         let listener = tokio::spawn(on_signals(
@@ -90,16 +109,57 @@ impl Args {
         if signal.is_none() {
             listener.abort();
         }
+        if let Some(fatal) = crawler.fatal() {
+            bail!("the crawl stopped early: {fatal}");
+        }
         crawler.check_report()?;
-        if let Err(err) = print_summary(&mut std::io::stdout().lock(), &tally, total, elapsed)
+        // The report has standard output to itself when it is written there.
+        let printed = if self.report.as_deref() == Some(std::path::Path::new("-")) {
+            print_summary(&mut std::io::stderr().lock(), &tally, total, elapsed)
+        } else {
+            print_summary(&mut std::io::stdout().lock(), &tally, total, elapsed)
+        };
+        if let Err(err) = printed
             && err.kind() != std::io::ErrorKind::BrokenPipe
         {
             return Err(err).context("cannot print the summary");
         }
-        if let Some(fatal) = crawler.fatal() {
-            bail!("the crawl stopped early: {fatal}");
+        Ok(Ended {
+            signal,
+            unanswered: tally.unanswered(),
+        })
+    }
+}
+
+/// How a crawl that ran ended, which its exit code says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ended {
+    /// The signal that stopped it, if one did (2 for SIGINT, 15 for
+    /// SIGTERM).
+    pub signal: Option<i32>,
+    /// URLs that failed without an HTTP response.
+    pub unanswered: usize,
+}
+
+impl Ended {
+    /// 128 and the signal's number when a signal stopped the crawl; else 4
+    /// when some URL got no HTTP response; else 0 (every URL answered,
+    /// whatever the status, or skipped by robots.txt). A crawl that could
+    /// not run, or was stopped by an error, exits 2 instead.
+    pub fn exit_code(self) -> u8 {
+        match self.signal {
+            Some(signal) => 128 + u8::try_from(signal).unwrap_or(0),
+            None if self.unanswered > 0 => 4,
+            None => 0,
         }
-        Ok(signal)
+    }
+}
+
+/// Whether `a` and `b` name one file.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
 
@@ -205,6 +265,9 @@ fn print_summary(
     }
     if tally.ended() < total {
         write!(out, "; {} not started (stopped)", total - tally.ended())?;
+    }
+    if tally.unanswered() > 0 {
+        write!(out, "; {} without a response", tally.unanswered())?;
     }
     writeln!(out)
 }

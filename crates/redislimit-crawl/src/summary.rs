@@ -46,6 +46,8 @@ pub struct Tally {
     ended: usize,
     sent: usize,
     skipped: usize,
+    not_started: usize,
+    unanswered: usize,
 }
 
 /// One host's part of a [`Tally`].
@@ -66,6 +68,11 @@ struct HostTally {
 impl Tally {
     /// Counts `f`.
     pub fn add(&mut self, f: &Fetched) {
+        // The crawl stopped before their turn: they did not end.
+        if f.not_started {
+            self.not_started += 1;
+            return;
+        }
         self.ended += 1;
         self.sent += usize::from(f.sent);
         // URLs robots.txt ruled out were never tried.
@@ -79,6 +86,7 @@ impl Tally {
         };
         host.requests += 1;
         host.errors += usize::from(f.error.is_some());
+        self.unanswered += usize::from(f.error.is_some() && f.status.is_none());
         if let Some(status) = f.status {
             *host.statuses.entry(status).or_default() += 1;
         }
@@ -98,7 +106,8 @@ impl Tally {
         host.longest_hold_ms = host.longest_hold_ms.max(f.hold_ms);
     }
 
-    /// URLs that ended (tried, or ruled out by robots.txt).
+    /// URLs that ended (tried, or ruled out by robots.txt; not those the
+    /// crawl was stopped before).
     pub fn ended(&self) -> usize {
         self.ended
     }
@@ -111,6 +120,17 @@ impl Tally {
     /// URLs robots.txt ruled out.
     pub fn skipped(&self) -> usize {
         self.skipped
+    }
+
+    /// URLs the crawl was stopped before (reported as `not_started`).
+    pub fn not_started(&self) -> usize {
+        self.not_started
+    }
+
+    /// URLs that failed without an HTTP response: no connection, a
+    /// timeout before the response, a blown `--max-wait`, an abort.
+    pub fn unanswered(&self) -> usize {
+        self.unanswered
     }
 
     /// One summary per host, in host order.
@@ -193,6 +213,7 @@ mod tests {
             redirects: Vec::new(),
             final_url: None,
             skipped: None,
+            not_started: false,
         }
     }
 
@@ -226,5 +247,30 @@ mod tests {
             s[0]
         );
         assert!(s[1].asked.is_empty());
+    }
+
+    /// URLs the crawl stopped before are not counted as ended, and those
+    /// without an HTTP response are counted apart (the exit code reads
+    /// them); an error after a status had a response.
+    #[test]
+    fn not_started_and_unanswered_urls_are_counted_apart() {
+        let mut tally = Tally::default();
+        let mut unstarted = fetched("a.test", None, 1000, 0);
+        unstarted.error = None;
+        unstarted.not_started = true;
+        let mut cut = fetched("a.test", Some(200), 1000, 0);
+        cut.error = Some("body cut short".into());
+        for f in [
+            fetched("a.test", Some(200), 1000, 0),
+            fetched("a.test", None, 1100, 0),
+            cut,
+            unstarted,
+        ] {
+            tally.add(&f);
+        }
+        assert_eq!(tally.ended(), 3);
+        assert_eq!(tally.not_started(), 1);
+        assert_eq!(tally.unanswered(), 1);
+        assert_eq!(tally.hosts()[0].requests, 3);
     }
 }

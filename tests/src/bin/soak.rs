@@ -279,7 +279,11 @@ fn ended(replica: &Replica) -> (usize, usize) {
     let mut ended: HashMap<&str, usize> = replica.urls.iter().map(|u| (u.as_str(), 0)).collect();
     for line in text.lines() {
         let value = serde_json::from_str::<serde_json::Value>(line).ok();
-        if let Some(url) = value.as_ref().and_then(|v| v["url"].as_str())
+        // A URL a stopped replica never started is written as such: not an end.
+        if let Some(url) = value
+            .as_ref()
+            .filter(|v| v["not_started"] != true)
+            .and_then(|v| v["url"].as_str())
             && let Some(count) = ended.get_mut(url)
         {
             *count += 1;

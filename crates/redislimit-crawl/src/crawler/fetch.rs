@@ -2,7 +2,7 @@
 //! sending it through the pacing client, and the report line it becomes; and
 //! the robots.txt each host is asked for first.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use http::Extensions;
@@ -248,29 +248,39 @@ impl Crawler {
             redirects: Vec::new(),
             final_url: None,
             skipped: None,
+            not_started: false,
         }
+    }
+
+    /// What becomes of `url` when the crawl stops before its turn.
+    pub(super) fn unstarted(&self, url: &Url) -> Fetched {
+        let mut fetched = self.fetched(url, Instant::now(), None, None, None);
+        fetched.not_started = true;
+        fetched
     }
 
     /// An error when any report line could not be written: a crawl whose
     /// report is incomplete must not look like a success.
     pub fn check_report(&self) -> anyhow::Result<()> {
-        if self.report_failed.load(Ordering::Relaxed) {
+        if self.report.as_ref().is_some_and(|r| r.failed()) {
             anyhow::bail!("the report is incomplete: some lines could not be written");
         }
         Ok(())
     }
 
+    /// Writes `fetched` to the report, if there is one, and counts it on
+    /// the bar. A line that cannot be written stops the crawl: no URL
+    /// starts after it, and [`fatal`](Self::fatal) says why.
     pub(super) fn finish(&self, fetched: Fetched, bar: &ProgressBar) -> Fetched {
         if let Some(report) = &self.report
-            && let Ok(line) = serde_json::to_string(&fetched)
+            && let Err(err) = report.write(&fetched)
+            && self
+                .fatal
+                .set(format!("cannot write the report: {err}"))
+                .is_ok()
         {
-            let mut report = report
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Err(err) = writeln!(report, "{line}") {
-                tracing::error!("cannot write the report: {err}");
-                self.report_failed.store(true, Ordering::Relaxed);
-            }
+            tracing::error!("cannot write the report: {err}; no more requests start");
+            self.stop.graceful();
         }
         bar.set_message(fetched.host.clone());
         bar.inc(1);

@@ -85,6 +85,12 @@ impl<T: Send + 'static> Play<T> {
         self.fill(running, serve);
     }
 
+    /// The hosts that never came into play (the crawl stopped first), and
+    /// their URLs.
+    pub(super) fn rest(self) -> impl Iterator<Item = (String, VecDeque<Kept>)> {
+        self.waiting
+    }
+
     /// Resolves when a host in play has sent its last URL (never while
     /// none is in play).
     pub(super) async fn host_done(&mut self) {

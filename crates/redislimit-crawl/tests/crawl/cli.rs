@@ -127,7 +127,8 @@ async fn the_summary_rate_counts_only_sent_requests() {
     args.push(upstream.url("a.test", "/status?code=429&retry_after=5"));
     args.extend((0..3).map(|i| upstream.url("a.test", &format!("/held?i={i}"))));
     let ran = run(dir.path(), &args).await;
-    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    // The URLs that never left got no response: the exit code says so.
+    assert_eq!(ran.status.code(), Some(4), "{}\n{}", ran.status, ran.stderr);
     let mut sent: Vec<u64> = ran
         .report
         .iter()
@@ -383,7 +384,8 @@ async fn a_connection_error_names_its_root_cause() {
         ],
     )
     .await;
-    assert!(ran.status.success(), "{}\n{}", ran.status, ran.stderr);
+    // Its one URL got no response: the exit code says so.
+    assert_eq!(ran.status.code(), Some(4), "{}\n{}", ran.status, ran.stderr);
     let line = line(&ran, "/closed");
     let error = line["error"].as_str().unwrap_or_default();
     assert!(
@@ -513,4 +515,76 @@ async fn more_hosts_than_in_play_are_all_crawled_through_a_resolve_pattern() {
         let apart = second_after_first(&upstream, &host(h));
         assert!(apart >= 30 * MS - SLACK, "{}: {apart:?}", host(h));
     }
+}
+
+/// `--report -` writes one JSON line per URL to standard output and
+/// nothing else there (the summary goes to stderr); a URL that got no
+/// HTTP response (nothing listens on its port) makes the exit code 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_on_stdout_and_exit_4_for_a_url_without_a_response() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let port = {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        closed.local_addr().unwrap().port()
+    };
+    let mut cmd = crawl();
+    cmd.args(resolve(&upstream, &["a.test"]))
+        .args(["--report", "-", "--timeout", "5s"])
+        .arg(upstream.url("a.test", "/one"))
+        .arg(upstream.url("a.test", "/two"))
+        .arg(format!("http://127.0.0.1:{port}/refused"));
+    let output = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the crawl did not finish")
+        .expect("start the crawl binary");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| {
+                panic!("standard output holds more than the report: {l:?}: {e}")
+            })
+        })
+        .collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for line in &lines {
+        let url = line["url"].as_str().unwrap();
+        if url.ends_with("/refused") {
+            assert!(
+                line["status"].is_null() && line["error"].is_string(),
+                "{line}"
+            );
+        } else {
+            assert_eq!(line["status"], 200, "{line}");
+        }
+    }
+    assert_eq!(upstream.recorder().host("a.test").len(), 2);
+    assert!(stderr.contains("3 URLs ended"), "{stderr}");
+    assert!(stderr.contains("1 without a response"), "{stderr}");
+}
+
+/// A report that cannot be written (a full disk: `/dev/full`) stops the
+/// crawl: no URL starts after the first line failed, and the exit code is
+/// 2. Before, the crawl went on and only said so at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_that_cannot_be_written_stops_the_crawl() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    let mut cmd = crawl();
+    cmd.args(resolve(&upstream, &["a.test"]))
+        .args(["--report", "/dev/full", "--min-delay", "200ms"])
+        .args((0..20).map(|i| upstream.url("a.test", &format!("/p?i={i}"))));
+    let output = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the crawl did not finish")
+        .expect("start the crawl binary");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot write the report"), "{stderr}");
+    // The first URL's line failed while the second waited its 200 ms.
+    let served = upstream.recorder().host("a.test").len();
+    assert!((1..=2).contains(&served), "{served} of 20 served");
 }

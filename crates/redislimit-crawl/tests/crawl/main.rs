@@ -16,6 +16,7 @@ mod modes;
 mod nginx;
 mod partial;
 mod policies;
+mod resume;
 mod robots;
 mod skew;
 
@@ -153,9 +154,10 @@ pub(crate) fn spawn_resolving(
     }
 }
 
-/// Waits for every replica to exit successfully, then checks that each of
-/// its URLs ended exactly once with a status or an error. Returns every
-/// report line.
+/// Waits for every replica to run to its end, then checks that each of its
+/// URLs ended exactly once with a status or an error, and that its exit
+/// code says whether some got no HTTP response (4) or all did (0). Returns
+/// every report line.
 pub(crate) async fn finish(replicas: Vec<Replica>) -> Vec<serde_json::Value> {
     let mut all = Vec::new();
     for replica in replicas {
@@ -166,13 +168,24 @@ pub(crate) async fn finish(replicas: Vec<Replica>) -> Vec<serde_json::Value> {
             .unwrap();
         let stderr = replica.stderr.await.unwrap_or_default();
         let stderr = String::from_utf8_lossy(&stderr);
-        assert!(status.success(), "crawl failed: {status}\n{stderr}");
         let lines = read_report(&replica.report);
+        let unanswered = lines
+            .iter()
+            .any(|l| l["error"].is_string() && l["status"].is_null());
+        assert_eq!(
+            status.code(),
+            Some(if unanswered { 4 } else { 0 }),
+            "crawl failed or its exit code does not say what its report holds\n{stderr}"
+        );
         let mut ended: BTreeMap<String, usize> = BTreeMap::new();
         for line in &lines {
             assert!(
                 line["status"].is_u64() || line["error"].is_string() || line["skipped"].is_string(),
                 "a URL ended with neither a status, an error nor a reason to skip it: {line}"
+            );
+            assert_eq!(
+                line["not_started"], false,
+                "a URL of a crawl that ran to its end is reported not started: {line}"
             );
             *ended
                 .entry(line["url"].as_str().unwrap().to_owned())
