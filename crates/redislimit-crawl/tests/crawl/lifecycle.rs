@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use redislimit_tests::record::{Request, assert_serialized};
 use redislimit_tests::{RedisServer, Upstream};
 
-use crate::{MS, SLACK, finish, read_report, spawn, tempdir};
+use crate::{MS, SLACK, finish, read_report, signal, spawn, tempdir};
 
 fn on(seen: &[Request], host: &str) -> Vec<Request> {
     seen.iter().filter(|r| r.host == host).cloned().collect()
@@ -150,14 +150,6 @@ async fn each_hosts_urls_go_out_in_input_order() {
     // Several were in flight at once: the order was not bought by sending
     // one at a time.
     assert!(redislimit_tests::record::max_in_flight(&on(&seen, "a.test")) >= 2);
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -{name} {pid} failed");
 }
 
 /// Regression: SIGTERM killed a replica without its summary or report, and

@@ -205,6 +205,15 @@ pub(crate) async fn finish(replicas: Vec<Replica>) -> Vec<serde_json::Value> {
     all
 }
 
+/// Sends signal `name` (`TERM`, `INT`) to the process `pid`.
+pub(crate) fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
 pub(crate) fn read_report(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redislimit_tests::{RedisServer, Upstream};
 
-use crate::{MS, Replica, read_report, spawn, tempdir};
+use crate::{MS, Replica, read_report, signal, spawn, tempdir};
 
 /// Waits for `replica` to exit; its exit code and stderr.
 async fn exit(replica: Replica) -> (Option<i32>, String) {
@@ -18,14 +18,6 @@ async fn exit(replica: Replica) -> (Option<i32>, String) {
         .unwrap();
     let stderr = replica.stderr.await.unwrap_or_default();
     (status.code(), String::from_utf8_lossy(&stderr).into_owned())
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -{name} {pid} failed");
 }
 
 /// How many lines of `lines` name each URL, those written as not started
