@@ -109,10 +109,6 @@ impl Args {
         if signal.is_none() {
             listener.abort();
         }
-        if let Some(fatal) = crawler.fatal() {
-            bail!("the crawl stopped early: {fatal}");
-        }
-        crawler.check_report()?;
         // The report has standard output to itself when it is written there.
         let printed = if self.report.as_deref() == Some(std::path::Path::new("-")) {
             print_summary(&mut std::io::stderr().lock(), &tally, total, elapsed)
@@ -124,6 +120,11 @@ impl Args {
         {
             return Err(err).context("cannot print the summary");
         }
+        // After the summary: what was done before the stop is still shown.
+        if let Some(fatal) = crawler.fatal() {
+            bail!("the crawl stopped early: {fatal}");
+        }
+        crawler.check_report()?;
         Ok(Ended {
             signal,
             unanswered: tally.unanswered(),
