@@ -74,7 +74,13 @@ impl Upstream {
     /// "59 ms" apart. (`async` so that callers keep starting it from their
     /// runtime; it uses none of it.)
     pub async fn start() -> Self {
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind a loopback port");
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// [`start`](Self::start) on address `ip` (such as `127.0.0.2`, another
+    /// loopback address: a second machine, to a client keying by address).
+    pub async fn start_on(ip: std::net::IpAddr) -> Self {
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("bind a loopback port");
         listener
             .set_nonblocking(true)
             .expect("a non-blocking listener");

@@ -1,6 +1,7 @@
 //! The `crawl` command line.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -11,6 +12,7 @@ use redislimit::RedisTls;
 use redislimit::{HostKey, KeyBy, Pacing, Policies};
 
 use super::policy_file::{Settings, load as load_policy_file, parse_duration};
+use super::resolve::Addresses;
 
 /// One replica of a polite crawler: fetches URLs, paced per host, alone or
 /// sharing one pace per host with other replicas through Redis.
@@ -214,8 +216,11 @@ pub struct Args {
     pub policy: Option<PathBuf>,
     /// What one paced host is: `host` (the default), `domain` (the
     /// registrable domain, from the public suffix list: a.example.co.uk and
-    /// b.example.co.uk share one pace) or `host-port`. Rules still match
-    /// each request's own host. Replicas sharing Redis must agree.
+    /// b.example.co.uk share one pace), `host-port` or `ip` (the address
+    /// the name resolves to, through `--resolve` or the system's resolver,
+    /// kept 60 s; the lowest when it has several: names served by one
+    /// machine share one pace). Rules still match each request's own host.
+    /// Replicas sharing Redis must agree.
     #[arg(long, value_enum, default_value_t = KeyByArg::Host)]
     pub key_by: KeyByArg,
     /// Serve the limiter's metrics (`redislimit_acquires_total`,
@@ -234,6 +239,8 @@ pub enum KeyByArg {
     Domain,
     /// The host and its port.
     HostPort,
+    /// The host's address, as `--resolve` or the system resolves it.
+    Ip,
 }
 
 impl From<KeyByArg> for KeyBy {
@@ -242,6 +249,7 @@ impl From<KeyByArg> for KeyBy {
             KeyByArg::Host => Self::Host,
             KeyByArg::Domain => Self::RegistrableDomain,
             KeyByArg::HostPort => Self::HostPort,
+            KeyByArg::Ip => Self::Ip,
         }
     }
 }
@@ -307,7 +315,7 @@ fn parse_resolve(text: &str) -> Result<(String, std::net::IpAddr), String> {
     if host.is_empty() {
         return Err(bad());
     }
-    if let Some(pattern) = crate::crawler::Patterns::parse(host) {
+    if let Some(pattern) = crate::resolve::Patterns::parse(host) {
         return pattern.map(|key| (key, ip));
     }
     // The name as URLs to it are keyed: punycode, lower case, no final dot.
@@ -359,7 +367,15 @@ impl Args {
                 (flags, Policies::new(pacing))
             }
         };
-        Ok((default, policies.with_key_by(self.key_by.into())))
+        let policies = policies.with_key_by(self.key_by.into());
+        Ok(match self.key_by {
+            // Keyed by the address the client sends to.
+            KeyByArg::Ip => (
+                default,
+                policies.with_address_resolver(Arc::new(Addresses::new(&self.resolve))),
+            ),
+            _ => (default, policies),
+        })
     }
 
     /// The CA that `--redis-ca` names, if any.

@@ -16,7 +16,7 @@ use redislimit::error::Causes;
 use redislimit::http::{
     Backoff, MaxWait, PaceOptions, RateLimitHeaders, ServerSignal, retry_after,
 };
-use redislimit::{Error, HostKey, KeyBy, Limiter, RequestPacing};
+use redislimit::{Error, HostKey, Limiter, Policies, RequestPacing};
 use redislimit_reqwest::{NotSent, PacingMiddleware, pacing_error};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
@@ -26,14 +26,12 @@ mod fetch;
 mod play;
 mod progress;
 mod report;
-mod resolve;
 mod slots;
 
 use self::play::Play;
 use self::progress::{Progress, Waiting, note_hold, note_penalty};
 pub use self::report::Fetched;
 use self::report::Report;
-pub(crate) use self::resolve::Patterns;
 use self::slots::{Ask, CrawlDelay, SlotGate, Slots, Stamp};
 use super::Args;
 use super::robots::{Rules, robots_url};
@@ -72,7 +70,7 @@ pub struct Crawler {
     max_penalty: Duration,
     progress_every: Duration,
     /// What the report's `host` names (the limiter's key).
-    key_by: KeyBy,
+    keys: Policies,
     /// The priorities the URL file gave.
     priorities: Arc<HashMap<Url, u8>>,
     report: Option<Arc<Report>>,
@@ -166,7 +164,7 @@ impl Crawler {
                 .resolve(host, (*ip, 0).into())
                 .resolve(&format!("{host}."), (*ip, 0).into());
         }
-        if let Some(patterns) = resolve::Patterns::new(&args.resolve) {
+        if let Some(patterns) = crate::resolve::Patterns::new(&args.resolve) {
             http = http.dns_resolver(Arc::new(patterns));
         }
         let mut headers = http::HeaderMap::new();
@@ -205,7 +203,7 @@ impl Crawler {
             max_wait: args.max_wait,
             max_penalty: args.max_penalty,
             progress_every: args.progress_every,
-            key_by: args.key_by.into(),
+            keys: Policies::default().with_key_by(args.key_by.into()),
             priorities: Arc::default(),
             report: None,
             stop: Stop::new(),
@@ -248,6 +246,15 @@ impl Crawler {
     /// progress line.
     pub fn with_mode(mut self, mode: ModeProbe) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Names each URL's host in the report by the key `keys` give it:
+    /// the limiter's policies (see [`Pacer::keys`](crate::Pacer::keys)),
+    /// so that a report keyed by address names the address the limiter
+    /// looked up. By default the crawl's `--key-by`, without lookups.
+    pub fn with_keys(mut self, keys: Policies) -> Self {
+        self.keys = keys;
         self
     }
 

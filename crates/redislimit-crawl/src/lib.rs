@@ -14,6 +14,7 @@ mod crawler;
 mod frontier;
 pub mod input;
 pub mod policy_file;
+mod resolve;
 mod robots;
 mod run;
 #[cfg(feature = "redis")]

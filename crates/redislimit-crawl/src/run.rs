@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use redislimit::{DomainLimiter, Hooks, Limiter};
+use redislimit::{DomainLimiter, Hooks, Limiter, Policies};
 
 use super::args::Args;
 use super::crawler::{Crawler, ModeProbe};
@@ -42,6 +42,7 @@ impl Args {
         #[cfg(not(feature = "redis"))]
         let _ = default;
         Ok(Pacer {
+            keys: policies.clone(),
             limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
             mode: Arc::new(|| "in-process".to_owned()),
         })
@@ -79,6 +80,7 @@ impl Args {
         let pacer = self.pacer().await?;
         let mut crawler = Crawler::new(Arc::clone(&pacer.limiter), &self)?
             .with_mode(Arc::clone(&pacer.mode))
+            .with_keys(pacer.keys.clone())
             .with_priorities(input.priorities);
         if let Some(path) = &self.report {
             crawler = if self.resume.as_deref().is_some_and(|r| same_file(r, path)) {
@@ -197,6 +199,9 @@ pub struct Pacer {
     pub limiter: Arc<dyn Limiter>,
     /// Names the pacing mode now.
     pub mode: ModeProbe,
+    /// The policies the limiter keys hosts by (a clone: keyed by address,
+    /// it shares the addresses the limiter looked up).
+    pub keys: Policies,
 }
 
 impl std::fmt::Debug for Pacer {

@@ -30,6 +30,7 @@ impl Args {
         if let Some(n) = self.expected_replicas {
             builder = builder.expected_replicas(n);
         }
+        let keys = policies.clone();
         let limiter = builder
             .policies(policies)
             .hooks(hooks)
@@ -68,6 +69,7 @@ impl Args {
         let seen = std::sync::atomic::AtomicU64::new(0);
         Ok(Pacer {
             limiter,
+            keys,
             // Between two progress lines: all through Redis, or how many
             // went without it (a Cluster with one master away paces only
             // that master's hosts in-process).

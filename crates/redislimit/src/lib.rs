@@ -66,6 +66,7 @@
 // in the default build and on docs.rs.
 #![cfg_attr(not(feature = "redis"), allow(rustdoc::broken_intra_doc_links))]
 
+mod address;
 pub mod error;
 mod fallback;
 pub mod hooks;
@@ -92,6 +93,7 @@ pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 pub use self::{
+    address::{AddressResolver, DEFAULT_ADDRESS_TTL, Resolved, SystemResolver},
     error::{ConfigError, Error, Misconfiguration, Op},
     fallback::FallbackLimiter,
     hooks::{Hooks, WaitOutcome},

@@ -6,7 +6,8 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use crate::{ConfigError, HostKey, Pacing};
+use crate::address::{AddressBook, SharedBook};
+use crate::{AddressResolver, BoxFuture, ConfigError, HostKey, Pacing, SystemResolver};
 
 type RuleMap = HashMap<Box<str>, usize, foldhash::fast::RandomState>;
 
@@ -35,6 +36,20 @@ pub enum KeyBy {
     /// `a.test:8080` and `a.test:8081` are paced apart, as Heritrix does.
     /// A key made without a URL (no port known) is the host.
     HostPort,
+    /// The host's address, as Nutch's and StormCrawler's `byIP` queues
+    /// and Heritrix's IP policy: host names served by one machine share
+    /// one limit. Names are resolved by the policies'
+    /// [`AddressResolver`](crate::AddressResolver) ([`SystemResolver`](crate::SystemResolver)
+    /// unless [`Policies::with_address_resolver`] gives another) once per
+    /// TTL (the system's resolver tells none: 60 s), when a request to
+    /// them is acquired; a name with several addresses is keyed by the
+    /// lowest (IPv4 before IPv6), whatever order they come in, so that
+    /// replicas agree (those given different subsets of a name's addresses
+    /// may not). A name that cannot be resolved is keyed by itself (with a
+    /// warning) until it resolves; one that resolved before keeps its last
+    /// address. IP literals are their own key. `KeyBy::key` alone (without
+    /// [`Policies::key`]'s lookups) keys a name by itself.
+    Ip,
 }
 
 impl KeyBy {
@@ -50,7 +65,7 @@ impl KeyBy {
     /// ```
     pub fn key(self, host: &HostKey) -> HostKey {
         match self {
-            Self::Host => host.clone(),
+            Self::Host | Self::Ip => host.clone(),
             Self::HostPort => match host.port() {
                 Some(port) => HostKey::named(format!("{host}:{port}")),
                 None => host.clone(),
@@ -76,28 +91,38 @@ impl KeyBy {
         }
     }
 
-    /// The name used in configuration: `host`, `domain` or `host-port`.
+    /// The name used in configuration: `host`, `domain`, `host-port` or
+    /// `ip`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Host => "host",
             Self::RegistrableDomain => "domain",
             Self::HostPort => "host-port",
+            Self::Ip => "ip",
         }
+    }
+
+    /// Whether hosts under different rules can share one key (a domain,
+    /// an address).
+    #[cfg(feature = "redis")]
+    pub(crate) fn merges_hosts(self) -> bool {
+        matches!(self, Self::RegistrableDomain | Self::Ip)
     }
 }
 
 impl std::str::FromStr for KeyBy {
     type Err = ConfigError;
 
-    /// `host`, `domain` or `host-port`.
+    /// `host`, `domain`, `host-port` or `ip`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "host" => Ok(Self::Host),
             "domain" => Ok(Self::RegistrableDomain),
             "host-port" => Ok(Self::HostPort),
+            "ip" => Ok(Self::Ip),
             _ => Err(ConfigError::InvalidRule {
                 rule: s.to_owned(),
-                reason: "key-by must be host, domain or host-port",
+                reason: "key-by must be host, domain, host-port or ip",
             }),
         }
     }
@@ -198,6 +223,8 @@ struct Table {
     /// up only those with as many labels as some rule's.
     suffix_labels: u64,
     key_by: KeyBy,
+    /// Addresses of names, with [`KeyBy::Ip`].
+    addresses: Option<SharedBook>,
 }
 
 impl Policies {
@@ -211,6 +238,7 @@ impl Policies {
                 suffix: RuleMap::default(),
                 suffix_labels: 0,
                 key_by: KeyBy::Host,
+                addresses: None,
             }),
         }
     }
@@ -247,6 +275,23 @@ impl Policies {
     pub fn with_key_by(self, key_by: KeyBy) -> Self {
         let mut table = Arc::unwrap_or_clone(self.table);
         table.key_by = key_by;
+        if key_by == KeyBy::Ip && table.addresses.is_none() {
+            table.addresses = Some(SharedBook(Arc::new(AddressBook::new(Arc::new(
+                SystemResolver,
+            )))));
+        }
+        Self {
+            table: Arc::new(table),
+        }
+    }
+
+    /// Resolves names with `resolver` for [`KeyBy::Ip`] (give it the
+    /// resolution the HTTP client uses, overrides included). The addresses
+    /// found are kept for these policies and their clones: a limiter and
+    /// whatever else keys hosts through them agree.
+    pub fn with_address_resolver(self, resolver: Arc<dyn AddressResolver>) -> Self {
+        let mut table = Arc::unwrap_or_clone(self.table);
+        table.addresses = Some(SharedBook(Arc::new(AddressBook::new(resolver))));
         Self {
             table: Arc::new(table),
         }
@@ -267,16 +312,33 @@ impl Policies {
         self.table.key_by
     }
 
-    /// The key `host`'s requests are paced under (see [`KeyBy`]).
+    /// The key `host`'s requests are paced under (see [`KeyBy`]). Keyed
+    /// by [`KeyBy::Ip`], the address `host` was last resolved to (limiters
+    /// resolve it when a request to it is acquired), else the host.
     pub fn key(&self, host: &HostKey) -> HostKey {
-        self.table.key_by.key(host)
+        match &self.table.addresses {
+            Some(book) if self.table.key_by == KeyBy::Ip => {
+                book.0.cached(host).unwrap_or_else(|| host.clone())
+            }
+            _ => self.table.key_by.key(host),
+        }
     }
 
     /// [`key`](Self::key), consuming `host`: no copy when it is its own key.
     pub(crate) fn key_of(&self, host: HostKey) -> HostKey {
         match self.table.key_by {
             KeyBy::Host => host,
-            by => by.key(&host),
+            _ => self.key(&host),
+        }
+    }
+
+    /// A lookup of `host`'s address to wait for before it is keyed:
+    /// `None` unless keyed by [`KeyBy::Ip`] and its address is unknown or
+    /// expired.
+    pub(crate) fn resolving(&self, host: &HostKey) -> Option<BoxFuture<'static, ()>> {
+        match &self.table.addresses {
+            Some(book) if self.table.key_by == KeyBy::Ip => book.0.resolving(host),
+            _ => None,
         }
     }
 
@@ -627,6 +689,9 @@ mod tests {
         assert_eq!(k(p, "http://[::1]:81/"), "[::1]:81");
         assert_eq!(k(KeyBy::Host, "http://a.test:9/"), "a.test");
         assert_eq!("domain".parse::<KeyBy>().unwrap(), d);
-        assert!("ip".parse::<KeyBy>().is_err());
+        assert_eq!("ip".parse::<KeyBy>().unwrap(), KeyBy::Ip);
+        assert!("address".parse::<KeyBy>().is_err());
+        // Without its policies' lookups a name is its own key.
+        assert_eq!(k(KeyBy::Ip, "http://a.test:9/"), "a.test");
     }
 }

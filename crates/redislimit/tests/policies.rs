@@ -102,3 +102,78 @@ async fn hosts_of_one_registrable_domain_share_one_pace() {
     let ports = ["http://a.test:1/", "http://a.test:2/", "http://a.test:1/"];
     assert_eq!(admitted(&by_port, &ports).await, [0, 0, 200]);
 }
+
+/// `a.test` and `b.test` on one machine, `c.test` on another (and on a
+/// third address, higher); `gone.test` resolving to nothing.
+#[derive(Debug, Default)]
+struct Machines {
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl redislimit::AddressResolver for Machines {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> redislimit::BoxFuture<'a, std::io::Result<redislimit::Resolved>> {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            // A lookup takes time: requests wait for it, not for each other.
+            tokio::time::sleep(5 * MS).await;
+            let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+            match name {
+                "a.test" | "b.test" => Ok(redislimit::Resolved::new([ip("10.0.0.1")])),
+                "c.test" => Ok(redislimit::Resolved::new([ip("10.0.0.7"), ip("10.0.0.2")])),
+                _ => Err(std::io::ErrorKind::NotFound.into()),
+            }
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hosts_on_one_address_share_one_pace() {
+    let machines = std::sync::Arc::new(Machines::default());
+    let policies = Policies::new(gap(200))
+        .with_key_by(KeyBy::Ip)
+        .with_address_resolver(machines.clone());
+    let by_ip = DomainLimiter::new(policies.clone());
+    let urls = [
+        "http://a.test/",
+        "http://b.test:8080/",
+        "http://c.test/",
+        "http://10.0.0.1/",
+        "http://c.test/",
+    ];
+    // Each name's first request waits 5 ms for its lookup.
+    assert_eq!(admitted(&by_ip, &urls).await, [5, 205, 210, 405, 410]);
+    let permit = by_ip
+        .acquire_host("t", host("http://c.test/"), None)
+        .await
+        .unwrap();
+    assert_eq!(permit.host().as_str(), "10.0.0.2", "the lowest address");
+    drop(permit);
+    assert_eq!(policies.key(&host("http://b.test/")).as_str(), "10.0.0.1");
+    assert_eq!(
+        machines.asked.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "once per name while the addresses hold"
+    );
+    // A name that does not resolve is paced under itself.
+    let gone = by_ip
+        .acquire_host("t", host("http://gone.test/"), None)
+        .await
+        .unwrap();
+    assert_eq!(gone.host().as_str(), "gone.test");
+    // A hold on a name holds its address.
+    by_ip
+        .penalize_host(host("http://a.test/"), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    drop(
+        by_ip
+            .acquire_host("t", host("http://10.0.0.1/"), None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(start.elapsed().as_millis(), 1000);
+}

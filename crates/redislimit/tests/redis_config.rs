@@ -155,19 +155,22 @@ fn a_lease_too_short_to_renew_is_refused() {
     );
 }
 
-/// The rule `policies` are refused for keyed by registrable domain, or
-/// `None` when they are accepted; and whether they are accepted keyed by
-/// host, where each host is its own state.
+/// The rule `policies` are refused for keyed by registrable domain (and
+/// alike by address, where hosts under different rules share a key too),
+/// or `None` when they are accepted; and whether they are accepted keyed
+/// by host, where each host is its own state.
 fn refused_by_domain(policies: &redislimit::Policies) -> (Option<String>, bool) {
     use redislimit::KeyBy;
     let build =
         |p: redislimit::Policies| RedisLimiter::builder(pool(), "domain").policies(p).build();
-    let refused = match build(policies.clone().with_key_by(KeyBy::RegistrableDomain)) {
+    let refused = |by| match build(policies.clone().with_key_by(by)) {
         Err(ConfigError::InvalidRule { rule, .. }) => Some(rule),
         Err(other) => panic!("refused for another reason: {other:?}"),
         Ok(_) => None,
     };
-    (refused, build(policies.clone()).is_ok())
+    let by_domain = refused(KeyBy::RegistrableDomain);
+    assert_eq!(by_domain, refused(KeyBy::Ip), "keyed by address");
+    (by_domain, build(policies.clone()).is_ok())
 }
 
 #[test]

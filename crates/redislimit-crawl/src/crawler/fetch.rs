@@ -234,7 +234,7 @@ impl Crawler {
         Fetched {
             url: redact(url),
             host: HostKey::from_url(url)
-                .map(|h| self.key_by.key(&h).to_string())
+                .map(|h| self.keys.key(&h).to_string())
                 .unwrap_or_default(),
             status,
             error,

@@ -1,5 +1,6 @@
 //! `--policy FILE` and `--key-by`: crawl replicas sharing Redis pace each
-//! host by its own rule and key hosts as asked; judged at the upstream.
+//! host by its own rule and key hosts as asked (by host, domain, address);
+//! judged at the upstream.
 
 use redislimit_tests::record::{Request, assert_serialized};
 use redislimit_tests::{RedisServer, Upstream};
@@ -87,6 +88,65 @@ async fn keyed_by_domain_two_hosts_share_one_pace_across_replicas() {
     assert!(
         lines.iter().all(|l| l["host"] == "example.co.uk"),
         "{lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_by_ip_names_on_one_address_share_one_pace_across_replicas() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    // Two machines: `a.test` and `b.test` on 127.0.0.1 (the harness's
+    // `--resolve`), the names under `two.test` on 127.0.0.2 (a pattern).
+    let one = Upstream::start().await;
+    let two = Upstream::start_on("127.0.0.2".parse().unwrap()).await;
+    let dir = tempdir();
+    let mut list = urls(&one, &["a.test", "b.test"], 5, "/");
+    list.extend(urls(&two, &["c.two.test", "d.two.test"], 5, "/"));
+    let args = [
+        "--redis",
+        &server.url(),
+        "--min-delay",
+        "80ms",
+        "--key-by",
+        "ip",
+        "--resolve",
+        "*.two.test:127.0.0.2",
+    ];
+    let lines = finish(spawn_all(dir.path(), &one, &list, 3, &args)).await;
+    let mut all = Vec::new();
+    for (upstream, hosts, ip) in [
+        (&one, ["a.test", "b.test"], "127.0.0.1"),
+        (&two, ["c.two.test", "d.two.test"], "127.0.0.2"),
+    ] {
+        let mut both: Vec<Request> = hosts
+            .iter()
+            .flat_map(|h| upstream.recorder().host(h))
+            .collect();
+        both.sort_by_key(|r| r.send);
+        assert_eq!(both.len(), 10, "{hosts:?}");
+        for replica in 0..3 {
+            assert!(
+                both.iter().any(|r| r.replica == replica),
+                "{hosts:?}: replica {replica} fetched some"
+            );
+        }
+        // One machine, one pace, whichever name and replica sent.
+        assert_serialized(&both, 80 * MS);
+        // The report names the address.
+        let named: Vec<_> = lines
+            .iter()
+            .filter(|l| hosts.iter().any(|h| l["url"].as_str().unwrap().contains(h)))
+            .map(|l| l["host"].as_str().unwrap())
+            .collect();
+        assert_eq!(named, [ip; 10], "{hosts:?}");
+        all.extend(both);
+    }
+    // Two machines, two paces: between them, sends closer than the gap.
+    all.sort_by_key(|r| r.send);
+    assert!(
+        all.windows(2)
+            .any(|p| p[1].send < p[0].end || p[1].send - p[0].end < 80 * MS),
+        "the two addresses were paced as one: {all:?}"
     );
 }
 

@@ -221,6 +221,10 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
             if self.closing.closed.load(Ordering::SeqCst) {
                 return Err(Error::Closed);
             }
+            // Keyed by address: known before the failure domain is chosen.
+            if let Some(lookup) = self.fallback.policies().resolving(&host) {
+                lookup.await;
+            }
             let domain =
                 crate::limiter::coordination(&*self.primary).map_or(0, |c| c.failure_domain(&host));
             let shares = self.shares.of(domain);

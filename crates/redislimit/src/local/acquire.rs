@@ -31,6 +31,9 @@ pub(super) async fn acquire(
     deadline: Option<Instant>,
     request: RequestPacing,
 ) -> Result<Permit, Error> {
+    if let Some(lookup) = inner.policies.resolving(&host) {
+        lookup.await;
+    }
     let policy = inner.policies.index(&host);
     let pacing = inner.policies.at(policy);
     // From here on the state's key (the host itself unless keyed otherwise).

@@ -270,8 +270,17 @@ impl Limiter for DomainLimiter {
         host: HostKey,
         hold: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.penalize(host, hold);
-        Box::pin(std::future::ready(Ok(())))
+        match self.inner.policies.resolving(&host) {
+            Some(lookup) => Box::pin(async move {
+                lookup.await;
+                self.inner.penalize(host, hold);
+                Ok(())
+            }),
+            None => {
+                self.inner.penalize(host, hold);
+                Box::pin(std::future::ready(Ok(())))
+            }
+        }
     }
 
     #[allow(private_interfaces)]

@@ -67,6 +67,9 @@ pub(super) async fn acquire(
 ) -> Result<Permit, Error> {
     let settings = &core.settings;
     let backend = &core.backend;
+    if let Some(lookup) = settings.policies.resolving(&host) {
+        lookup.await;
+    }
     let start = Instant::now();
     let policy = settings.policies.index(&host);
     // The state's key; `host` still picks the in-process queues' rules.

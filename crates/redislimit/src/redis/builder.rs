@@ -222,15 +222,15 @@ impl RedisLimiterBuilder {
                 }
             })
             .collect();
-        // Hosts of one domain share one gate: a serialized host's holder
+        // Hosts of one domain (or address) share one gate: a serialized host's holder
         // would mean nothing to a lease-mode host beside it.
-        if policies.key_by() == crate::KeyBy::RegistrableDomain
+        if policies.key_by().merges_hosts()
             && let Some(i) = (1..args.len())
                 .find(|&i| (args[i].mode == Mode::Serialized) != (args[0].mode == Mode::Serialized))
         {
             return Err(ConfigError::InvalidRule {
                 rule: policies.rules()[i - 1].pattern().to_owned(),
-                reason: "keyed by registrable domain, hosts of one domain share one state in \
+                reason: "keyed by domain or address, the hosts of one key share one state in \
                          Redis: a rule cannot be serialized when the default is in lease mode, \
                          or the other way round",
             });
@@ -238,28 +238,28 @@ impl RedisLimiterBuilder {
         // ... and one quota record: kept per admission (up to
         // EXACT_QUOTA_MAX) or in buckets, the same way for all of them.
         let bucketed = |a: &Args| (a.quota > 0).then_some(a.bucket_us > 0);
-        if policies.key_by() == crate::KeyBy::RegistrableDomain
+        if policies.key_by().merges_hosts()
             && let Some(first) = args.iter().find_map(bucketed)
             && let Some(i) = (1..args.len()).find(|&i| bucketed(&args[i]) == Some(!first))
         {
             return Err(ConfigError::InvalidRule {
                 rule: policies.rules()[i - 1].pattern().to_owned(),
-                reason: "keyed by registrable domain, hosts of one domain share one quota record \
-                         in Redis: quotas of up to 16 per window (kept per admission) and larger \
+                reason: "keyed by domain or address, the hosts of one key share one quota \
+                         record in Redis: quotas of up to 16 per window (kept per admission) and larger \
                          ones (kept in buckets) cannot be mixed",
             });
         }
         // ... whose records each acquire trims to its own window: a shorter
         // window would drop what a longer one still counts.
         let window = |a: &Args| (a.quota > 0).then_some(a.window_us);
-        if policies.key_by() == crate::KeyBy::RegistrableDomain
+        if policies.key_by().merges_hosts()
             && let Some(first) = args.iter().find_map(window)
             && let Some(i) = (1..args.len()).find(|&i| window(&args[i]).is_some_and(|w| w != first))
         {
             return Err(ConfigError::InvalidRule {
                 rule: policies.rules()[i - 1].pattern().to_owned(),
-                reason: "keyed by registrable domain, hosts of one domain share one quota record \
-                         in Redis: their quotas must count in the same window",
+                reason: "keyed by domain or address, the hosts of one key share one quota \
+                         record in Redis: their quotas must count in the same window",
             });
         }
         // The per-process cap of each policy, raised to its cluster cap.

@@ -93,6 +93,9 @@ pub(super) async fn penalize(core: &Core, host: HostKey, hold: Duration) -> Resu
     if hold_us == 0 {
         return Ok(());
     }
+    if let Some(lookup) = settings.policies.resolving(&host) {
+        lookup.await;
+    }
     let host = settings.policies.key(&host);
     let keys = RedisKeys::new(&settings.prefix, &settings.scope, &host);
     if core.backend.circuit(&keys.gate).open() {

@@ -1,11 +1,19 @@
 //! `--resolve` patterns: `*.SUFFIX:ADDR` sends every name under `SUFFIX`
 //! (at any depth) to `ADDR`, and `*:ADDR` every name; other names go to
 //! the system's resolver. Exact names are reqwest's own overrides, which
-//! are looked up first.
+//! are looked up first. [`Addresses`] resolves the same way for
+//! `--key-by ip`.
 
+use std::collections::HashMap;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
+use redislimit::{AddressResolver, BoxFuture, Resolved, SystemResolver};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+/// How long an address `--resolve` gives is kept: it never changes.
+const OVERRIDE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The patterns of `--resolve`, the first that matches a name deciding.
 #[derive(Debug)]
@@ -18,7 +26,7 @@ pub(crate) struct Patterns {
 impl Patterns {
     /// The patterns among `resolve` (as `Args::resolve` holds them: names
     /// keyed, patterns starting with `*`); `None` when there are none.
-    pub(super) fn new(resolve: &[(String, IpAddr)]) -> Option<Self> {
+    pub(crate) fn new(resolve: &[(String, IpAddr)]) -> Option<Self> {
         let patterns: Vec<_> = resolve
             .iter()
             .filter_map(|(host, ip)| Some((host.strip_prefix('*')?.to_owned(), *ip)))
@@ -74,6 +82,45 @@ impl Resolve for Patterns {
     }
 }
 
+/// Names to addresses as the crawl's client resolves them (`--resolve`
+/// names, then patterns, then the system's resolver): the keys of
+/// `--key-by ip`.
+#[derive(Debug)]
+pub(crate) struct Addresses {
+    exact: HashMap<String, IpAddr>,
+    patterns: Option<Patterns>,
+}
+
+impl Addresses {
+    /// The overrides of `resolve` (as `Args::resolve` holds them).
+    pub(crate) fn new(resolve: &[(String, IpAddr)]) -> Self {
+        Self {
+            exact: resolve
+                .iter()
+                .filter(|(host, _)| !host.starts_with('*'))
+                .cloned()
+                .collect(),
+            patterns: Patterns::new(resolve),
+        }
+    }
+}
+
+impl AddressResolver for Addresses {
+    fn resolve<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<Resolved>> {
+        let given = self.exact.get(name).copied().or_else(|| {
+            self.patterns
+                .as_ref()
+                .and_then(|patterns| patterns.lookup(name))
+        });
+        match given {
+            Some(ip) => Box::pin(std::future::ready(Ok(
+                Resolved::new([ip]).with_ttl(OVERRIDE_TTL)
+            ))),
+            None => SystemResolver.resolve(name),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +158,21 @@ mod tests {
         );
         assert!(matches!(Patterns::parse("*mem.test"), Some(Err(_))));
         assert!(matches!(Patterns::parse("*.a b"), Some(Err(_))));
+    }
+
+    #[tokio::test]
+    async fn addresses_follow_the_overrides_then_the_system() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let addresses = Addresses::new(&[
+            ("a.mem.test".to_owned(), ip("127.0.0.5")),
+            ("*.mem.test".to_owned(), ip("127.0.0.2")),
+        ]);
+        let first = |name: &'static str| {
+            let addresses = &addresses;
+            async move { addresses.resolve(name).await.map(|r| r.addrs()[0]) }
+        };
+        assert_eq!(first("a.mem.test").await.unwrap(), ip("127.0.0.5"));
+        assert_eq!(first("b.mem.test").await.unwrap(), ip("127.0.0.2"));
+        assert!(first("localhost").await.unwrap().is_loopback());
     }
 }
