@@ -1,7 +1,8 @@
 //! `RedisLimiter` against real Redis servers: the invariants of docs/DESIGN.md
 //! measured from what a recording "upstream" saw, on standalone, Cluster and
 //! Sentinel deployments, over TLS, with crashed replicas, dead, frozen and
-//! failed-over servers, and garbage in the keys.
+//! failed-over servers, and garbage in the keys; and the values the
+//! replicas share (`SharedCache`).
 
 mod agreement;
 mod backoff;
@@ -19,6 +20,7 @@ mod modes;
 mod policies;
 mod renewal;
 mod rollout;
+mod shared;
 mod shutdown;
 mod tls;
 mod topologies;

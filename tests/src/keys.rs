@@ -48,6 +48,18 @@ impl HostKeys {
     }
 }
 
+/// The keys of the value `name` of kind `kind` that a `SharedCache` of
+/// `scope` under the default prefix keeps: the value, and the claim of the
+/// replica fetching it.
+pub fn shared(scope: &str, kind: &str, name: &str) -> (String, String) {
+    let prefix = "redislimit";
+    let base = format!(
+        "{prefix}:{scope}:{{{}}}:shared",
+        tag(&[prefix, scope, "shared", kind, name])
+    );
+    (base.clone(), format!("{base}:claim"))
+}
+
 /// The first 128 bits of SHA-256 over the length-prefixed `parts`, in hex.
 fn tag(parts: &[&str]) -> String {
     let mut digest = Sha256::new();

@@ -203,6 +203,9 @@ pub enum Op {
     Ping,
     /// Shutting the limiter down (waiting for its pending releases).
     Close,
+    /// Reading or keeping a value shared by the replicas
+    /// (`SharedCache`).
+    Shared,
 }
 
 impl Op {
@@ -215,6 +218,7 @@ impl Op {
             Self::Penalize => "penalize",
             Self::Ping => "ping",
             Self::Close => "close",
+            Self::Shared => "shared",
         }
     }
 }

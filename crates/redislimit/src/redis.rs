@@ -30,6 +30,7 @@ mod registry;
 mod renew;
 mod scripts;
 mod settings;
+mod shared;
 mod slots;
 #[cfg(feature = "tls-rustls")]
 mod tls;
@@ -38,6 +39,7 @@ mod tuning;
 pub use self::builder::RedisLimiterBuilder;
 pub use self::limiter::RedisLimiter;
 pub use self::pool::{RedisPool, RedisTimeouts};
+pub use self::shared::{Cached, Fresh, SharedCache};
 #[cfg(feature = "tls-rustls")]
 pub use self::tls::RedisTls;
 pub use self::tuning::Tuning;

@@ -363,6 +363,77 @@ impl Backend {
     }
 }
 
+/// Plain commands on one key, for `SharedCache`.
+impl Backend {
+    /// `GET key`: the bytes kept there, if any. A key of another type
+    /// (garbage) holds none: the next `SET` replaces it.
+    pub(super) async fn get_bytes(&self, key: &str) -> Result<Option<Vec<u8>>, CallError> {
+        let mut get = deadpool_redis::redis::cmd("GET");
+        get.arg(key);
+        let got = match self.redis.query(&get).await {
+            Err(QueryError::Redis(e)) if e.code() == Some("WRONGTYPE") => Ok(None),
+            got => got.map_err(ScriptError::Query),
+        };
+        self.observe(key, got)
+    }
+
+    /// `SET key value NX PX ms`: whether `value` was set (the key was free).
+    pub(super) async fn set_if_free(
+        &self,
+        key: &str,
+        value: &str,
+        keep: Duration,
+    ) -> Result<bool, CallError> {
+        let mut set = deadpool_redis::redis::cmd("SET");
+        set.arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(keep));
+        let set = self
+            .redis
+            .query::<Option<String>>(&set)
+            .await
+            .map_err(ScriptError::Query);
+        self.observe(key, set).map(|ok| ok.is_some())
+    }
+
+    /// `SET key value PX ms` (whatever the key held, of whatever type),
+    /// then `DEL done` (a claim the value ends).
+    pub(super) async fn set_bytes(
+        &self,
+        key: &str,
+        value: &[u8],
+        keep: Duration,
+        done: Option<&str>,
+    ) -> Result<(), CallError> {
+        let mut set = deadpool_redis::redis::cmd("SET");
+        set.arg(key).arg(value).arg("PX").arg(millis(keep));
+        let set = self
+            .redis
+            .query::<deadpool_redis::redis::Value>(&set)
+            .await
+            .map_err(ScriptError::Query);
+        self.observe(key, set)?;
+        if let Some(done) = done {
+            let mut del = deadpool_redis::redis::cmd("DEL");
+            del.arg(done);
+            let del = self
+                .redis
+                .query::<deadpool_redis::redis::Value>(&del)
+                .await
+                .map_err(ScriptError::Query);
+            self.observe(done, del)?;
+        }
+        Ok(())
+    }
+}
+
+/// `keep` in whole milliseconds, at least 1 (a `PX` of 0 is refused).
+fn millis(keep: Duration) -> u64 {
+    u64::try_from(keep.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// A failed call, and whether it may have run.
 fn classify(err: QueryError) -> CallError {
     let may_have_run = matches!(

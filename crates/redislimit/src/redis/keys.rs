@@ -61,6 +61,19 @@ impl RedisKeys {
         format!("{prefix}:{scope}:{{{}}}:replicas", tag(&[prefix, scope]))
     }
 
+    /// The STRING holding the value `name` of kind `kind` shared by the
+    /// replicas of `scope` (see `SharedCache`), and the STRING naming the
+    /// replica fetching it: under one hash tag of their own, which the
+    /// name (a robots.txt's origin, say) cannot choose.
+    pub(crate) fn shared(prefix: &str, scope: &str, kind: &str, name: &str) -> (String, String) {
+        let base = format!(
+            "{prefix}:{scope}:{{{}}}:shared",
+            tag(&[prefix, scope, "shared", kind, name])
+        );
+        let claim = format!("{base}:claim");
+        (base, claim)
+    }
+
     /// These keys with a waiting line of their own for `lane` (a rule's
     /// pattern), beside the one state: hosts that share a key but not a
     /// rule must not wait behind each other, since each is admitted on its

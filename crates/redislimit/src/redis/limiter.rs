@@ -121,6 +121,21 @@ impl RedisLimiter {
         self.fallback_policies().default_pacing().clone()
     }
 
+    /// Values of kind `kind` (a name of your choosing, such as
+    /// `"robots"`) fetched once for every replica of this limiter's scope
+    /// (see [`SharedCache`](super::SharedCache)); errors go to the hooks
+    /// as [`Op::Shared`].
+    pub fn shared_cache(&self, kind: &str) -> super::SharedCache {
+        let core = &self.core;
+        super::SharedCache::new(
+            Arc::clone(&core.backend),
+            Arc::clone(&core.hooks),
+            &core.settings.prefix,
+            &core.settings.scope,
+            kind,
+        )
+    }
+
     /// [`fallback_pacing`](Self::fallback_pacing) for every policy: the
     /// same rules and keying, each rule's pacing made the same way with
     /// its own cap.
