@@ -193,7 +193,8 @@ pub struct Args {
     /// as skipped), and keep its `Crawl-delay` between requests when it is
     /// longer than `--min-delay`. A 4xx allows everything; a 5xx or no
     /// answer disallows the host (asked again twice, `--robots-retry`
-    /// apart), as RFC 9309 says.
+    /// apart), as RFC 9309 says. With `--redis` one replica fetches it for
+    /// the fleet and the outcome is kept in the scope 24 hours.
     #[arg(long)]
     pub robots: bool,
     /// The longest `Crawl-delay` kept.

@@ -34,24 +34,10 @@ pub use self::report::Fetched;
 use self::report::Report;
 use self::slots::{Ask, CrawlDelay, SlotGate, Slots, Stamp};
 use super::Args;
-use super::robots::{Rules, robots_url};
+use super::robots::{ROBOTS_ATTEMPTS, ROBOTS_MAX_BYTES, Record, RobotsOptions, Rules, robots_url};
 use super::stop::{Stop, StopLevel};
 use crate::Frontier;
 use crate::frontier::{Kept, Lines};
-
-/// `--robots`: what the crawl asks robots.txt about.
-#[derive(Debug, Clone)]
-struct RobotsOptions {
-    agent: String,
-    max_crawl_delay: Duration,
-    retry: Duration,
-}
-
-/// How often a robots.txt that could not be had is asked for.
-const ROBOTS_ATTEMPTS: u32 = 3;
-
-/// The most of a robots.txt read (RFC 9309 asks for at least 500 KiB).
-const ROBOTS_MAX_BYTES: usize = 512 * 1024;
 
 /// How long a URL that holds a slot may wait for its host (it took the
 /// slot when its host was ready, so this is short unless something
@@ -78,7 +64,7 @@ pub struct Crawler {
     mode: ModeProbe,
     limiter: Arc<dyn Limiter>,
     min_delay: Duration,
-    robots: Option<RobotsOptions>,
+    robots: Option<Arc<RobotsOptions>>,
     /// The first pacing error that no waiting mends (another replica's
     /// settings hold the scope, a misconfigured Redis): the crawl stops
     /// starting requests, and exits non-zero.
@@ -210,10 +196,16 @@ impl Crawler {
             mode: Arc::new(|| "in-process".to_owned()),
             limiter,
             min_delay: args.min_delay,
-            robots: args.robots.then(|| RobotsOptions {
-                agent: args.user_agent.clone(),
-                max_crawl_delay: args.max_crawl_delay,
-                retry: args.robots_retry,
+            robots: args.robots.then(|| {
+                Arc::new(RobotsOptions {
+                    agent: args.user_agent.clone(),
+                    max_crawl_delay: args.max_crawl_delay,
+                    retry: args.robots_retry,
+                    // A fetch's attempts, and a margin.
+                    wait: (args.timeout + args.robots_retry) * ROBOTS_ATTEMPTS
+                        + Duration::from_secs(5),
+                    cache: Default::default(),
+                })
             }),
             fatal: Arc::default(),
         })
@@ -255,6 +247,16 @@ impl Crawler {
     /// looked up. By default the crawl's `--key-by`, without lookups.
     pub fn with_keys(mut self, keys: Policies) -> Self {
         self.keys = keys;
+        self
+    }
+
+    /// With `--robots`, keeps each origin's robots.txt outcome for the
+    /// fleet in `cache`: one replica fetches it, the others wait for it.
+    #[cfg(feature = "redis")]
+    pub fn with_shared_robots(mut self, cache: redislimit::redis::SharedCache) -> Self {
+        if let Some(robots) = self.robots.as_mut().and_then(Arc::get_mut) {
+            robots.cache.shared = Some(cache);
+        }
         self
     }
 

@@ -42,6 +42,8 @@ impl Args {
         #[cfg(not(feature = "redis"))]
         let _ = default;
         Ok(Pacer {
+            #[cfg(feature = "redis")]
+            robots: None,
             keys: policies.clone(),
             limiter: Arc::new(DomainLimiter::with_hooks(policies, hooks)),
             mode: Arc::new(|| "in-process".to_owned()),
@@ -82,6 +84,10 @@ impl Args {
             .with_mode(Arc::clone(&pacer.mode))
             .with_keys(pacer.keys.clone())
             .with_priorities(input.priorities);
+        #[cfg(feature = "redis")]
+        if let Some(robots) = pacer.robots.clone() {
+            crawler = crawler.with_shared_robots(robots);
+        }
         if let Some(path) = &self.report {
             crawler = if self.resume.as_deref().is_some_and(|r| same_file(r, path)) {
                 crawler.with_report_appended(path)?
@@ -202,6 +208,9 @@ pub struct Pacer {
     /// The policies the limiter keys hosts by (a clone: keyed by address,
     /// it shares the addresses the limiter looked up).
     pub keys: Policies,
+    /// Where robots.txt outcomes are kept for the fleet, with Redis.
+    #[cfg(feature = "redis")]
+    pub robots: Option<redislimit::redis::SharedCache>,
 }
 
 impl std::fmt::Debug for Pacer {

@@ -64,12 +64,14 @@ impl Args {
             // Redis, TLS to a plain port): no waiting mends it.
             Err(err) => return Err(err.into()),
         }
+        let robots = limiter.shared_cache("robots");
         let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
         let probe = Arc::clone(&limiter);
         let seen = std::sync::atomic::AtomicU64::new(0);
         Ok(Pacer {
             limiter,
             keys,
+            robots: Some(robots),
             // Between two progress lines: all through Redis, or how many
             // went without it (a Cluster with one master away paces only
             // that master's hosts in-process).

@@ -13,10 +13,12 @@ use super::slots::{Admitted, Ask, CrawlDelay, SentAt, SlotGate, Slots};
 use super::*;
 
 impl Crawler {
-    /// The robots.txt rules of `first`'s host, fetched through the pacing
-    /// client (a request to the host like any other); asked again after
-    /// `retry` when there is no answer or a 5xx, up to
-    /// [`ROBOTS_ATTEMPTS`] times. `None` when the crawl was stopped.
+    /// The robots.txt rules of `first`'s origin: kept (for the fleet with
+    /// Redis, else for the process), or fetched through the pacing client
+    /// (a request to the host like any other) by one replica while the
+    /// others wait, asked again after `retry` when there is no answer or a
+    /// 5xx, up to [`ROBOTS_ATTEMPTS`] times. `None` when the crawl was
+    /// stopped.
     pub(super) async fn robots_rules(
         &self,
         robots: &RobotsOptions,
@@ -25,29 +27,45 @@ impl Crawler {
         stop: &mut watch::Receiver<StopLevel>,
     ) -> Option<Rules> {
         let url = robots_url(first);
+        let origin = url.origin().ascii_serialization();
+        let fetch = |before: Option<Record>| self.fetch_robots(robots, url, slots, before);
+        let record = tokio::select! {
+            record = robots.cache.get_or_fetch(&origin, robots.wait, fetch) => record,
+            () = stopped(stop, StopLevel::Graceful) => return None,
+        };
+        Some(record.rules(&robots.agent))
+    }
+
+    /// Fetches robots.txt at `url`: the record of its first answer that
+    /// decides, or unavailable after [`ROBOTS_ATTEMPTS`] (`before`: what
+    /// was kept, counting failures in a row).
+    async fn fetch_robots(
+        &self,
+        robots: &RobotsOptions,
+        url: Url,
+        slots: &Arc<Slots>,
+        before: Option<Record>,
+    ) -> Record {
         let mut why = String::new();
         for attempt in 0..ROBOTS_ATTEMPTS {
-            if attempt > 0 && !sleep_or_stop(Instant::now() + robots.retry, stop).await {
-                return None;
+            if attempt > 0 {
+                tokio::time::sleep(robots.retry).await;
             }
-            let answer = tokio::select! {
-                answer = self.get_small(&url, slots) => answer,
-                () = stopped(stop, StopLevel::Graceful) => return None,
-            };
-            let answer = match &answer {
-                Ok((status, body)) => Ok((*status, body.as_slice())),
-                Err(err) => Err(err.as_str()),
-            };
-            if let Some(rules) = Rules::from_answer(&robots.agent, answer) {
-                return Some(rules);
+            let answer = self.get_small(&url, slots).await;
+            if let Some(record) = answer
+                .as_ref()
+                .ok()
+                .and_then(|(status, body)| Record::from_status(*status, body.clone()))
+            {
+                return record;
             }
             why = match answer {
                 Ok((status, _)) => format!("status {status}"),
-                Err(err) => err.to_owned(),
+                Err(err) => err,
             };
             tracing::warn!(url = %redact(&url), attempt = attempt + 1, "robots.txt unavailable: {why}");
         }
-        Some(Rules::Unavailable(why))
+        Record::unavailable(before.as_ref(), why)
     }
 
     /// GETs `url` (taking a slot to send, as every request), and reads at

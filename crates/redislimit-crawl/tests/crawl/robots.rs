@@ -26,8 +26,8 @@ async fn robots_txt_disallows_and_sets_the_crawl_delay() {
         // No robots.txt (404): everything allowed, at --min-delay.
         list.push(upstream.url("b.test", &format!("/private/page?i={i}")));
     }
-    // Two replicas through Redis: each reads robots.txt, and the delay it
-    // asks for holds between any two of their requests.
+    // Two replicas through Redis: one reads robots.txt for both, and the
+    // delay it asks for holds between any two of their requests.
     let server = RedisServer::start();
     let url = server.url();
     let args = ["--robots", "--min-delay", "50ms", "--redis", &url];
@@ -36,13 +36,9 @@ async fn robots_txt_disallows_and_sets_the_crawl_delay() {
 
     let a = upstream.recorder().host("a.test");
     let paths: Vec<&str> = a.iter().map(|r| r.path.as_str()).collect();
-    // Each replica asked for robots.txt before anything else there (the
-    // second one's request waits its turn, the crawl delay included).
-    for replica in [0, 1] {
-        let first = a.iter().find(|r| r.replica == replica).unwrap();
-        assert_eq!(first.path, "/robots.txt", "replica {replica}: {paths:?}");
-    }
-    assert_eq!(paths.iter().filter(|p| **p == "/robots.txt").count(), 2);
+    // robots.txt was asked for before anything else there, once for both.
+    assert_eq!(paths[0], "/robots.txt", "{paths:?}");
+    assert_eq!(paths.iter().filter(|p| **p == "/robots.txt").count(), 1);
     assert!(
         !paths.iter().any(|p| p.starts_with("/private")),
         "{paths:?}"
@@ -58,7 +54,7 @@ async fn robots_txt_disallows_and_sets_the_crawl_delay() {
         );
     }
     let b = upstream.recorder().host("b.test");
-    assert_eq!(b.len(), 6, "two robots.txt and the four URLs");
+    assert_eq!(b.len(), 5, "one robots.txt and the four URLs");
     assert!(
         b.windows(2)
             .all(|w| w[1].send - w[0].send < Duration::from_secs(1))
@@ -93,4 +89,85 @@ async fn an_unavailable_robots_txt_keeps_the_crawl_off_the_host() {
             .is_some_and(|s| s.contains("robots.txt unavailable"))),
         "{report:?}"
     );
+}
+
+/// With Redis, robots.txt is fetched by one replica for the fleet and its
+/// outcome kept 24 hours: three replicas ask each host once; a 5xx keeps
+/// every replica off the host; a second crawl asks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn robots_txt_is_fetched_once_for_the_fleet_and_kept_for_the_next_crawl() {
+    let _turn = crate::one_at_a_time().await;
+    let upstream = Upstream::start().await;
+    upstream.set_robots("a.test", 200, "User-agent: *\nDisallow: /private\n");
+    upstream.set_robots("c.test", 503, "");
+    let server = RedisServer::start();
+    let url = server.url();
+    let args = [
+        "--robots",
+        "--robots-retry",
+        "100ms",
+        "--min-delay",
+        "20ms",
+        "--redis",
+        &url,
+    ];
+    let hosts = ["a.test", "b.test", "c.test"];
+    let robots = |host: &str| {
+        upstream
+            .recorder()
+            .host(host)
+            .into_iter()
+            .filter(|r| r.path == "/robots.txt")
+            .collect::<Vec<_>>()
+    };
+    for run in 0..2 {
+        let dir = tempdir();
+        let mut list = crate::urls(&upstream, &hosts, 6, &format!("/public/{run}"));
+        list.extend(crate::urls(&upstream, &["a.test"], 3, "/private/x"));
+        let report = finish(crate::spawn_all(dir.path(), &upstream, &list, 3, &args)).await;
+        assert_eq!(report.len(), list.len());
+        // One robots.txt per host for the fleet, in both runs together;
+        // c.test's three attempts, all by one replica.
+        assert_eq!(robots("a.test").len(), 1, "run {run}");
+        assert_eq!(robots("b.test").len(), 1, "run {run}");
+        let c = robots("c.test");
+        assert_eq!(c.len(), 3, "run {run}: {c:?}");
+        assert!(c.iter().all(|r| r.replica == c[0].replica), "{c:?}");
+        // Nothing but robots.txt reached c.test, or a.test's /private.
+        let sent: Vec<_> = hosts
+            .iter()
+            .flat_map(|h| upstream.recorder().host(h))
+            .filter(|r| r.path != "/robots.txt")
+            .collect();
+        assert!(
+            sent.iter()
+                .all(|r| r.host != "c.test" && !r.path.starts_with("/private")),
+            "{sent:?}"
+        );
+        let public = |h: &str| sent.iter().filter(|r| r.host == h).count();
+        assert_eq!(
+            (public("a.test"), public("b.test")),
+            (6 * (run + 1), 6 * (run + 1))
+        );
+        for line in &report {
+            let url = line["url"].as_str().unwrap();
+            let skipped = line["skipped"].as_str();
+            if url.contains("c.test") {
+                assert!(
+                    skipped.is_some_and(|s| s.contains("robots.txt unavailable")),
+                    "{line}"
+                );
+            } else if url.contains("/private") {
+                assert_eq!(skipped, Some("disallowed by robots.txt"), "{line}");
+            } else {
+                assert_eq!(line["status"], 200, "{line}");
+            }
+        }
+        // Every replica kept off c.test, and each had some of its URLs.
+        for replica in 0..3 {
+            let file = dir.path().join(format!("report-{replica}.jsonl"));
+            let text = std::fs::read_to_string(file).unwrap();
+            assert!(text.contains("c.test"), "replica {replica}");
+        }
+    }
 }
