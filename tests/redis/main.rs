@@ -2,7 +2,7 @@
 //! measured from what a recording "upstream" saw, on standalone, Cluster and
 //! Sentinel deployments, over TLS, with crashed replicas, dead, frozen and
 //! failed-over servers, and garbage in the keys; and the values the
-//! replicas share (`SharedCache`).
+//! replicas share (`SharedCache`, `SharedQueue`).
 
 mod agreement;
 mod backoff;
@@ -18,6 +18,7 @@ mod leases;
 mod misconfig;
 mod modes;
 mod policies;
+mod queue;
 mod renewal;
 mod rollout;
 mod shared;

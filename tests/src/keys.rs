@@ -60,6 +60,16 @@ pub fn shared(scope: &str, kind: &str, name: &str) -> (String, String) {
     (base.clone(), format!("{base}:claim"))
 }
 
+/// The stream of the `SharedQueue` `name` of `scope` under the default
+/// prefix.
+pub fn queue(scope: &str, name: &str) -> String {
+    let prefix = "redislimit";
+    format!(
+        "{prefix}:{scope}:{{{}}}:queue",
+        tag(&[prefix, scope, "queue", name])
+    )
+}
+
 /// The first 128 bits of SHA-256 over the length-prefixed `parts`, in hex.
 fn tag(parts: &[&str]) -> String {
     let mut digest = Sha256::new();

@@ -26,6 +26,7 @@ mod ops;
 mod pause;
 mod pool;
 mod precise;
+mod queue;
 mod registry;
 mod renew;
 mod scripts;
@@ -39,6 +40,7 @@ mod tuning;
 pub use self::builder::RedisLimiterBuilder;
 pub use self::limiter::RedisLimiter;
 pub use self::pool::{RedisPool, RedisTimeouts};
+pub use self::queue::{QueueItem, SharedQueue};
 pub use self::shared::{Cached, Fresh, SharedCache};
 #[cfg(feature = "tls-rustls")]
 pub use self::tls::RedisTls;

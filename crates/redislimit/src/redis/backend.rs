@@ -363,8 +363,18 @@ impl Backend {
     }
 }
 
-/// Plain commands on one key, for `SharedCache`.
+/// Plain commands on one key, for `SharedCache` and `SharedQueue`.
 impl Backend {
+    /// `cmd`, on the node serving `key`, observed by that node's circuit.
+    pub(super) async fn command<T: deadpool_redis::redis::FromRedisValue>(
+        &self,
+        key: &str,
+        cmd: &deadpool_redis::redis::Cmd,
+    ) -> Result<T, CallError> {
+        let reply = self.redis.query(cmd).await.map_err(ScriptError::Query);
+        self.observe(key, reply)
+    }
+
     /// `GET key`: the bytes kept there, if any. A key of another type
     /// (garbage) holds none: the next `SET` replaces it.
     pub(super) async fn get_bytes(&self, key: &str) -> Result<Option<Vec<u8>>, CallError> {

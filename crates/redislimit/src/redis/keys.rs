@@ -74,6 +74,15 @@ impl RedisKeys {
         (base, claim)
     }
 
+    /// The stream of the `SharedQueue` `name` of `scope`, under a hash
+    /// tag of its own.
+    pub(crate) fn queue(prefix: &str, scope: &str, name: &str) -> String {
+        format!(
+            "{prefix}:{scope}:{{{}}}:queue",
+            tag(&[prefix, scope, "queue", name])
+        )
+    }
+
     /// These keys with a waiting line of their own for `lane` (a rule's
     /// pattern), beside the one state: hosts that share a key but not a
     /// rule must not wait behind each other, since each is admitted on its
