@@ -17,7 +17,7 @@ use super::resolve::Addresses;
 /// One replica of a polite crawler: fetches URLs, paced per host, alone or
 /// sharing one pace per host with other replicas through Redis.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "crawl", version)]
+#[command(name = "crawl", version, args_conflicts_with_subcommands = true)]
 #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]).multiple(true))]
 #[command(
     after_help = "Logs go to stderr; RUST_LOG sets what is shown (default: info). \
@@ -229,6 +229,27 @@ pub struct Args {
     /// Prometheus at http://ADDR/metrics while the crawl runs.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Take the URLs from the shared queue in this Redis (`redis://` or
+    /// `rediss://`; fill it with `crawl enqueue FILE --queue URL`) instead
+    /// of a file: any number of replicas take URLs from it, a few at a
+    /// time; a URL leaves it once its report line is written; a replica's
+    /// URLs not kept for `--claim-after` (it died) are taken over by
+    /// another. The crawl ends when the queue is empty and nothing in it is
+    /// being fetched. Its key is under `--scope`.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["urls", "urls_file", "resume"])]
+    pub queue: Option<String>,
+    /// With `--queue`: how long a replica's URLs go without being kept
+    /// before another replica takes them over (a replica keeps its own
+    /// every quarter of it).
+    #[arg(long, value_parser = parse_duration, default_value = "30s", requires = "queue")]
+    pub claim_after: Duration,
+    /// With `--queue`: how many URLs a replica takes at a time (default:
+    /// 16 per `--concurrency` slot).
+    #[arg(long, value_name = "N", requires = "queue")]
+    pub queue_batch: Option<usize>,
+    /// A task other than crawling.
+    #[command(subcommand)]
+    pub command: Option<crate::queue::Command>,
 }
 
 /// `--key-by`: [`KeyBy`] on the command line.

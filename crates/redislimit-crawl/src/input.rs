@@ -57,7 +57,7 @@ pub fn resume_from(path: &Path) -> anyhow::Result<Input> {
 /// A file line: a URL, optionally followed by whitespace and a priority
 /// from 0 to 255 (higher goes first among its host's URLs; 128 when
 /// absent).
-fn check_line(text: &str) -> Result<(Url, Option<u8>), String> {
+pub(crate) fn check_line(text: &str) -> Result<(Url, Option<u8>), String> {
     let mut words = text.split_whitespace();
     let url = check(words.next().unwrap_or_default())?;
     let priority = match words.next() {

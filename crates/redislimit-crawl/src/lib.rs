@@ -14,6 +14,7 @@ mod crawler;
 mod frontier;
 pub mod input;
 pub mod policy_file;
+mod queue;
 mod resolve;
 mod robots;
 mod run;
@@ -31,6 +32,7 @@ pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::frontier::Frontier;
 pub use self::input::{Input, read_urls, read_urls_into, resume_from};
 pub use self::policy_file::{Settings, load as load_policy_file, parse_duration};
+pub use self::queue::Command;
 pub use self::run::{Ended, Pacer};
 pub use self::stop::{Stop, StopLevel};
 pub use self::summary::{HostSummary, Tally, summarize};
@@ -54,6 +56,15 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(command) = args.command {
+        return match runtime.block_on(command.run()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                tracing::error!("{}", redislimit::error::Causes(err.as_ref()));
+                ExitCode::from(2)
+            }
+        };
+    }
     match runtime.block_on(args.run()) {
         Ok(ended) => ExitCode::from(ended.exit_code()),
         Err(err) => {

@@ -72,10 +72,10 @@ impl Args {
                 return Ok(Ended::default());
             }
         }
-        if input.urls.is_empty() {
+        if input.urls.is_empty() && self.queue.is_none() {
             bail!("no URLs to fetch");
         }
-        let total = input.urls.len();
+        let listed = input.urls.len();
         if let Some(addr) = self.metrics_addr {
             serve_metrics(addr)?;
         }
@@ -103,9 +103,18 @@ impl Args {
         ));
         let started = std::time::Instant::now();
         let mut tally = Tally::default();
-        crawler
-            .run_each(input.urls, true, |fetched| tally.add(&fetched))
-            .await?;
+        let total = match &self.queue {
+            #[cfg(feature = "redis")]
+            Some(queue) => super::queue::crawl_queue(&self, queue, &crawler, &mut tally).await?,
+            #[cfg(not(feature = "redis"))]
+            Some(_) => bail!("--queue needs the crawl built with its `redis` feature"),
+            None => {
+                crawler
+                    .run_each(input.urls, true, |fetched| tally.add(&fetched))
+                    .await?;
+                listed
+            }
+        };
         let elapsed = started.elapsed();
         // Every permit is back; the releases still on their way land now,
         // so the next replica does not wait out their leases.

@@ -16,6 +16,7 @@ mod modes;
 mod nginx;
 mod partial;
 mod policies;
+mod queue;
 mod resume;
 mod robots;
 mod skew;
@@ -126,7 +127,11 @@ pub(crate) fn spawn_resolving(
     std::fs::write(&list, urls.join("\n")).unwrap();
     let report = dir.join(format!("report-{n}.jsonl"));
     let mut cmd = Command::new(crawl_binary());
-    cmd.arg("--urls").arg(&list).arg("--report").arg(&report);
+    // A replica of a shared queue takes its URLs from Redis.
+    if !extra.contains(&"--queue") {
+        cmd.arg("--urls").arg(&list);
+    }
+    cmd.arg("--report").arg(&report);
     cmd.args(["--header", &format!("x-replica:{n}")]);
     if !extra.contains(&"--concurrency") {
         cmd.args(["--concurrency", "8"]);

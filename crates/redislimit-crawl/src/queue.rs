@@ -1,0 +1,288 @@
+//! `--queue`: a crawl's URLs kept in Redis for any number of replicas
+//! (redislimit's `SharedQueue`), taken a batch at a time, acknowledged once
+//! reported; and `crawl enqueue`, which fills it.
+
+use std::path::PathBuf;
+
+/// A task other than crawling.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Add the URLs of FILE (one per line, optionally followed by a
+    /// priority; `-` for stdin) to the shared queue that `crawl --queue`
+    /// replicas take them from. Bad lines are reported and skipped.
+    Enqueue {
+        /// The file of URLs.
+        file: PathBuf,
+        /// The Redis holding the queue (`redis://` or `rediss://`).
+        #[arg(long, value_name = "URL")]
+        queue: String,
+        /// The key space, as the replicas' `--scope`.
+        #[arg(long, default_value = "domain")]
+        scope: String,
+    },
+}
+
+impl Command {
+    /// Runs the task.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self {
+            #[cfg(feature = "redis")]
+            Self::Enqueue { file, queue, scope } => shared::enqueue(&file, &queue, &scope).await,
+            #[cfg(not(feature = "redis"))]
+            Self::Enqueue { .. } => {
+                anyhow::bail!("enqueue needs the crawl built with its `redis` feature")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+pub(crate) use self::shared::crawl_queue;
+
+#[cfg(feature = "redis")]
+mod shared {
+    use std::collections::{HashMap, HashSet};
+    use std::io::BufRead;
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use anyhow::Context;
+    use redislimit::redis::{QueueItem, SharedQueue};
+    use redislimit::{RedisPool, RedisTimeouts};
+    use tokio::sync::mpsc;
+
+    use crate::input::check_line;
+    use crate::{Args, Crawler, Frontier, StopLevel, Tally, redact};
+
+    /// The queue's name in its scope.
+    const NAME: &str = "urls";
+    /// The longest pause between two looks at a queue others are still
+    /// working through.
+    const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+    fn open(url: &str, scope: &str) -> anyhow::Result<SharedQueue> {
+        let pool = RedisPool::standalone(url, RedisTimeouts::default())
+            .with_context(|| format!("--queue {url}"))?;
+        Ok(SharedQueue::new(pool, scope, NAME)?)
+    }
+
+    /// `crawl enqueue FILE --queue URL`.
+    pub(super) async fn enqueue(file: &Path, url: &str, scope: &str) -> anyhow::Result<()> {
+        let queue = open(url, scope)?;
+        let context = || format!("cannot read {}", file.display());
+        let reader: Box<dyn BufRead> = if file == Path::new("-") {
+            Box::new(std::io::stdin().lock())
+        } else {
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(file).with_context(context)?,
+            ))
+        };
+        let mut lines = Vec::new();
+        let mut skipped = 0;
+        for (n, line) in reader.split(b'\n').enumerate() {
+            let line = line.with_context(context)?;
+            let Ok(text) = std::str::from_utf8(&line) else {
+                tracing::warn!("skipped {}:{}: not UTF-8", file.display(), n + 1);
+                skipped += 1;
+                continue;
+            };
+            let text = text.trim();
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            match check_line(text) {
+                Ok(_) => lines.push(text.to_owned()),
+                Err(why) => {
+                    tracing::warn!("skipped {}:{}: {why}", file.display(), n + 1);
+                    skipped += 1;
+                }
+            }
+        }
+        queue
+            .push(&lines)
+            .await
+            .context("cannot add to the queue")?;
+        println!(
+            "{} URLs added to the queue ({skipped} lines skipped)",
+            lines.len()
+        );
+        Ok(())
+    }
+
+    /// A name for this replica in the queue's group: its process and a
+    /// random part (another replica may have had the same process id).
+    fn consumer() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        format!("crawl-{}-{nanos:08x}", std::process::id())
+    }
+
+    /// Crawls batches of the queue at `url` until it is empty and nothing
+    /// in it is being fetched, or the crawl is stopped; returns how many
+    /// URLs it took.
+    pub(crate) async fn crawl_queue(
+        args: &Args,
+        url: &str,
+        crawler: &Crawler,
+        tally: &mut Tally,
+    ) -> anyhow::Result<usize> {
+        let queue = open(url, &args.scope)?;
+        let me = consumer();
+        let batch = args.queue_batch.unwrap_or(args.concurrency * 16).max(1);
+        let stop = crawler.stop_handle();
+        let look_again = (args.claim_after / 4).min(MAX_PAUSE);
+        let mut took = 0;
+        let mut pause = Duration::from_millis(50);
+        while stop.level() == StopLevel::Run && crawler.fatal().is_none() {
+            let items = match next_items(&queue, &me, batch, args.claim_after).await {
+                Ok(Some(items)) => items,
+                Ok(None) => break,
+                Err(err) => {
+                    tracing::warn!(
+                        error = %redislimit::error::Causes(&err),
+                        "the queue could not be read; asking again"
+                    );
+                    Vec::new()
+                }
+            };
+            if items.is_empty() {
+                sleep_unless_stopped(&stop, pause).await;
+                pause = (pause * 2).min(look_again);
+                continue;
+            }
+            pause = Duration::from_millis(50);
+            took += items.len();
+            crawl_batch(crawler, &queue, &me, items, args.claim_after, tally).await?;
+        }
+        Ok(took)
+    }
+
+    /// Items to crawl: new ones, else a dead replica's; `None` when the
+    /// queue is empty and nothing in it is taken; none when others still
+    /// hold items.
+    async fn next_items(
+        queue: &SharedQueue,
+        me: &str,
+        batch: usize,
+        claim_after: Duration,
+    ) -> Result<Option<Vec<QueueItem>>, redislimit::Error> {
+        let items = queue.take(me, batch).await?;
+        if !items.is_empty() {
+            return Ok(Some(items));
+        }
+        let items = queue.claim_stale(me, claim_after, batch).await?;
+        if !items.is_empty() {
+            tracing::info!(
+                urls = items.len(),
+                "took over URLs another replica left unfinished"
+            );
+            return Ok(Some(items));
+        }
+        Ok((!queue.is_empty().await?).then(Vec::new))
+    }
+
+    async fn sleep_unless_stopped(stop: &crate::Stop, pause: Duration) {
+        let until = tokio::time::Instant::now() + pause;
+        while stop.level() == StopLevel::Run && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50).min(pause)).await;
+        }
+    }
+
+    /// Crawls `items`, keeping them every quarter of `claim_after` until
+    /// each is reported, then acknowledging it; those a stop kept from
+    /// starting stay in the queue for another replica.
+    async fn crawl_batch(
+        crawler: &Crawler,
+        queue: &SharedQueue,
+        me: &str,
+        items: Vec<QueueItem>,
+        claim_after: Duration,
+        tally: &mut Tally,
+    ) -> anyhow::Result<()> {
+        let mut frontier = Frontier::new();
+        let mut priorities = HashMap::new();
+        // Each URL's items (the same URL may have been queued twice).
+        let mut ids: HashMap<String, Vec<String>> = HashMap::new();
+        let mut bad = Vec::new();
+        for item in items {
+            match check_line(&item.text) {
+                Ok((url, priority)) => {
+                    if frontier.push(&url)
+                        && let Some(priority) = priority
+                    {
+                        priorities.insert(url.clone(), priority);
+                    }
+                    ids.entry(redact(&url)).or_default().push(item.id);
+                }
+                Err(why) => {
+                    tracing::warn!(line = %item.text, "a queued line is no URL ({why}): dropped");
+                    bad.push(item.id);
+                }
+            }
+        }
+        let held: Arc<Mutex<HashSet<String>>> =
+            Arc::new(Mutex::new(ids.values().flatten().cloned().collect()));
+        let keeper = tokio::spawn({
+            let (queue, me, held) = (queue.clone(), me.to_owned(), Arc::clone(&held));
+            async move {
+                loop {
+                    tokio::time::sleep(claim_after / 4).await;
+                    let ids: Vec<String> = lock(&held).iter().cloned().collect();
+                    if let Err(err) = queue.keep(&me, &ids).await {
+                        tracing::warn!(error = %redislimit::error::Causes(&err), "could not keep this replica's URLs in the queue");
+                    }
+                }
+            }
+        });
+        let (done, mut acks) = mpsc::unbounded_channel::<Vec<String>>();
+        let acker = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                while let Some(mut batch) = acks.recv().await {
+                    while let Ok(more) = acks.try_recv() {
+                        batch.extend(more);
+                    }
+                    ack(&queue, &batch).await;
+                }
+            }
+        });
+        let _ = done.send(bad);
+        let crawler = crawler.clone().with_priorities(priorities);
+        let crawled = crawler
+            .run_each(frontier, true, |fetched| {
+                tally.add(&fetched);
+                // Reported (the report line is written): done with it.
+                if !fetched.not_started
+                    && crawler.fatal().is_none()
+                    && let Some(finished) = ids.remove(&fetched.url)
+                {
+                    lock(&held).retain(|id| !finished.contains(id));
+                    let _ = done.send(finished);
+                }
+            })
+            .await;
+        drop(done);
+        let _ = acker.await;
+        keeper.abort();
+        crawled.map(drop)
+    }
+
+    /// Acknowledges `ids`, trying three times.
+    async fn ack(queue: &SharedQueue, ids: &[String]) {
+        for attempt in 1..=3 {
+            match queue.ack(ids).await {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::warn!(attempt, error = %redislimit::error::Causes(&err), "could not acknowledge URLs in the queue; they may be fetched again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

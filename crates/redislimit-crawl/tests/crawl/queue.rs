@@ -1,0 +1,186 @@
+//! `--queue`: replicas taking their URLs from one queue in Redis, one of
+//! them SIGKILLed mid-crawl and one started late; judged by what the
+//! upstream served.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redislimit_tests::record::assert_serialized;
+use redislimit_tests::{RedisServer, Upstream};
+
+use crate::{MS, Replica, signal, spawn, tempdir};
+
+/// Waits for `replica` to exit; its exit code and stderr.
+async fn exit(replica: Replica) -> (Option<i32>, String) {
+    let mut child = replica.child;
+    let status = tokio::time::timeout(Duration::from_secs(90), child.wait())
+        .await
+        .expect("a crawl did not exit")
+        .unwrap();
+    let stderr = replica.stderr.await.unwrap_or_default();
+    (status.code(), String::from_utf8_lossy(&stderr).into_owned())
+}
+
+/// The URLs of a report, each with how many lines name it (a line cut
+/// short by a kill is left out).
+fn reported(report: &std::path::Path) -> BTreeMap<String, usize> {
+    let mut urls = BTreeMap::new();
+    for line in std::fs::read_to_string(report).unwrap_or_default().lines() {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            *urls
+                .entry(v["url"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+    }
+    urls
+}
+
+/// How many items of `queue` the replica with process id `pid` holds
+/// (`XPENDING`'s summary, by consumer).
+fn pending_of(server: &RedisServer, queue: &str, pid: u32) -> i64 {
+    use redislimit_tests::resp::Reply;
+    let reply = server.query(&["XPENDING", queue, "workers"]);
+    let Some([_, _, _, Reply::Array(Some(consumers))]) = reply.as_array() else {
+        return 0;
+    };
+    let prefix = format!("crawl-{pid}-");
+    consumers
+        .iter()
+        .filter_map(|c| match c.as_array()? {
+            [name, count] if name.as_str()?.starts_with(&prefix) => {
+                count.as_str()?.parse::<i64>().ok()
+            }
+            _ => None,
+        })
+        .sum()
+}
+
+/// Three replicas share one queue; replica 0 is SIGKILLed mid-crawl and a
+/// fourth starts after it. Every URL is fetched; none twice but those the
+/// killed replica had taken and not finished (at most one batch); the
+/// late replica takes a share; each host keeps its pace throughout; the
+/// survivors exit 0 and leave the queue empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_queue_through_a_kill_and_a_late_start() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let hosts = [
+        "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test",
+    ];
+    let list = crate::urls(&upstream, &hosts, 25, "/q");
+    let file = dir.path().join("queue.txt");
+    std::fs::write(&file, format!("{}\nnot a url\n", list.join("\n"))).unwrap();
+    // Filled by `crawl enqueue`, which reports the bad line and skips it.
+    let out = tokio::process::Command::new(crate::crawl_binary())
+        .args(["enqueue", file.to_str().unwrap(), "--queue", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("150 URLs added to the queue (1 lines skipped)"),
+        "{stdout}"
+    );
+
+    let url = server.url();
+    let args = [
+        "--queue",
+        &url,
+        "--redis",
+        &url,
+        "--queue-batch",
+        "6",
+        "--claim-after",
+        "1s",
+        "--lease-ttl",
+        "2s",
+        "--min-delay",
+        "60ms",
+        "--concurrency",
+        "4",
+    ];
+    let start = |n| spawn(dir.path(), n, &upstream, &[], &args);
+    let mut replicas: Vec<Replica> = (0..3).map(start).collect();
+    // Mid-crawl: replica 0 has sent some, and most are still to come.
+    let seen = |replica: Option<usize>| {
+        upstream
+            .recorder()
+            .all()
+            .iter()
+            .filter(|r| replica.is_none_or(|n| r.replica == n))
+            .count()
+    };
+    let queue = redislimit_tests::keys::queue("domain", "urls");
+    let mut killed = replicas.remove(0);
+    let pid = killed.child.id().unwrap();
+    // Replica 0's URLs taken and not acknowledged.
+    let pending = || pending_of(&server, &queue, pid);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen(Some(0)) < 5 || seen(None) < 30 || pending() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the crawl did not start"
+        );
+        tokio::time::sleep(5 * MS).await;
+    }
+    signal(pid, "KILL");
+    killed.child.wait().await.unwrap();
+    let left = pending();
+    assert!(seen(None) < 120, "the kill came too late to matter");
+    replicas.push(start(3));
+    let reports: Vec<_> = replicas.iter().map(|r| r.report.clone()).collect();
+    let mut took_over = false;
+    for replica in replicas {
+        let (code, stderr) = exit(replica).await;
+        assert_eq!(code, Some(0), "{stderr}");
+        took_over |= stderr.contains("took over URLs another replica left unfinished");
+    }
+    // What the killed replica held was taken over (unless it was killed
+    // in the instant between two batches, holding nothing).
+    assert!(took_over || left == 0, "{left} URLs left behind");
+
+    // What the upstream served, per URL path and host.
+    let all = upstream.recorder().all();
+    let mut served: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+    for r in &all {
+        served
+            .entry((r.host.clone(), r.path.clone()))
+            .or_default()
+            .push(r.replica);
+    }
+    assert_eq!(served.len(), 150, "every URL fetched");
+    let twice: Vec<_> = served.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(
+        twice.iter().all(|(_, by)| by[0] == 0 && by.len() == 2),
+        "only the killed replica's URLs twice, once more: {twice:?}"
+    );
+    assert!(twice.len() <= 6, "at most its batch: {twice:?}");
+    assert!(
+        all.iter().any(|r| r.replica == 3),
+        "the late replica took a share"
+    );
+    for host in hosts {
+        assert_serialized(&upstream.recorder().host(host), 60 * MS);
+    }
+    // The survivors reported each URL once, and between all four reports
+    // every URL is there.
+    let mut lines: BTreeMap<String, usize> = BTreeMap::new();
+    for report in &reports {
+        for (url, n) in reported(report) {
+            *lines.entry(url).or_default() += n;
+        }
+    }
+    assert!(lines.values().all(|&n| n == 1), "{lines:?}");
+    for (url, _) in reported(&killed.report) {
+        lines.entry(url).or_default();
+    }
+    assert_eq!(lines.len(), 150);
+    assert_eq!(
+        server.query(&["XLEN", &queue]),
+        redislimit_tests::resp::Reply::Integer(0),
+        "the queue is empty"
+    );
+}
