@@ -241,11 +241,11 @@ pub struct Args {
     /// With `--queue`: how long a replica's URLs go without being kept
     /// before another replica takes them over (a replica keeps its own
     /// every quarter of it).
-    #[arg(long, value_parser = parse_duration, default_value = "30s", requires = "queue")]
+    #[arg(long, value_parser = parse_claim_after, default_value = "30s", requires = "queue")]
     pub claim_after: Duration,
     /// With `--queue`: how many URLs a replica takes at a time (default:
     /// 16 per `--concurrency` slot).
-    #[arg(long, value_name = "N", requires = "queue")]
+    #[arg(long, value_name = "N", value_parser = parse_batch, requires = "queue")]
     pub queue_batch: Option<usize>,
     /// A task other than crawling.
     #[command(subcommand)]
@@ -346,6 +346,24 @@ fn parse_resolve(text: &str) -> Result<(String, std::net::IpAddr), String> {
     Ok((key.as_str().to_owned(), ip))
 }
 
+/// `--claim-after`: at least 100 ms, or replicas would keep their URLs
+/// in a busy loop and take each other's at once.
+fn parse_claim_after(text: &str) -> Result<Duration, String> {
+    let claim_after = parse_duration(text)?;
+    if claim_after < Duration::from_millis(100) {
+        return Err(format!("{text:?} is too short: at least 100ms"));
+    }
+    Ok(claim_after)
+}
+
+/// `--queue-batch`: at least 1.
+fn parse_batch(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{text:?} is not a number of URLs from 1 up")),
+    }
+}
+
 fn parse_header(text: &str) -> Result<(String, String), String> {
     let (name, value) = text
         .split_once(':')
@@ -413,6 +431,21 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_settings_are_checked() {
+        assert_eq!(parse_claim_after("1s"), Ok(Duration::from_secs(1)));
+        assert!(
+            parse_claim_after("0s")
+                .unwrap_err()
+                .contains("at least 100ms")
+        );
+        assert!(parse_claim_after("soon").is_err());
+        assert_eq!(parse_batch("6"), Ok(6));
+        assert!(parse_batch("0").is_err() && parse_batch("-1").is_err());
+        let bad = Args::try_parse_from(["crawl", "--queue", "redis://x/", "--claim-after", "0s"]);
+        assert!(bad.unwrap_err().to_string().contains("at least 100ms"));
+    }
 
     #[test]
     fn durations_and_resolves_parse() {

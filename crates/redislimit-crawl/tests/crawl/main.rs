@@ -219,6 +219,18 @@ pub(crate) fn signal(pid: u32, name: &str) {
     assert!(status.success(), "kill -{name} {pid} failed");
 }
 
+/// Waits (at most 90 s) for `replica` to exit, without the checks of
+/// [`finish`]; its exit code and stderr.
+pub(crate) async fn exit(replica: Replica) -> (Option<i32>, String) {
+    let mut child = replica.child;
+    let status = tokio::time::timeout(Duration::from_secs(90), child.wait())
+        .await
+        .expect("a crawl did not exit")
+        .unwrap();
+    let stderr = replica.stderr.await.unwrap_or_default();
+    (status.code(), String::from_utf8_lossy(&stderr).into_owned())
+}
+
 pub(crate) fn read_report(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()

@@ -8,18 +8,7 @@ use std::time::Duration;
 use redislimit_tests::record::assert_serialized;
 use redislimit_tests::{RedisServer, Upstream};
 
-use crate::{MS, Replica, signal, spawn, tempdir};
-
-/// Waits for `replica` to exit; its exit code and stderr.
-async fn exit(replica: Replica) -> (Option<i32>, String) {
-    let mut child = replica.child;
-    let status = tokio::time::timeout(Duration::from_secs(90), child.wait())
-        .await
-        .expect("a crawl did not exit")
-        .unwrap();
-    let stderr = replica.stderr.await.unwrap_or_default();
-    (status.code(), String::from_utf8_lossy(&stderr).into_owned())
-}
+use crate::{MS, Replica, exit, signal, spawn, tempdir};
 
 /// The URLs of a report, each with how many lines name it (a line cut
 /// short by a kill is left out).

@@ -3,22 +3,10 @@
 //! served.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use redislimit_tests::{RedisServer, Upstream};
 
-use crate::{MS, Replica, read_report, signal, spawn, tempdir};
-
-/// Waits for `replica` to exit; its exit code and stderr.
-async fn exit(replica: Replica) -> (Option<i32>, String) {
-    let mut child = replica.child;
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("a crawl did not exit")
-        .unwrap();
-    let stderr = replica.stderr.await.unwrap_or_default();
-    (status.code(), String::from_utf8_lossy(&stderr).into_owned())
-}
+use crate::{MS, Replica, exit, read_report, signal, spawn, tempdir};
 
 /// How many lines of `lines` name each URL, those written as not started
 /// apart.
