@@ -50,5 +50,5 @@ pub use self::{
     redis_server::{RedisServer, SERVER_ENV},
     stalls::{Stall, StallProbe},
     tls::TestCa,
-    upstream::Upstream,
+    upstream::{Upstream, body_size},
 };

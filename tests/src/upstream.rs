@@ -29,6 +29,7 @@ use crate::record::{Recorder, Request};
 ///
 /// What it answers, by path:
 /// - `/slow?chunks=N&every=MS`: a body of `N` chunks, one every `MS` ms;
+/// - `/bytes?size=N`: a body of `N` bytes (see [`body_size`]);
 /// - `/status?code=C&retry_after=V`: status `C` with `Retry-After: V`;
 /// - `/status?code=C&retry_in=S`: status `C` with `Retry-After` an HTTP-date
 ///   `S` seconds from now and a `Date` header;
@@ -279,6 +280,10 @@ fn answer(
             number("chunks").unwrap_or(3),
             Duration::from_millis(number("every").unwrap_or(50)),
         ),
+        "/bytes" => Chunks::with_body(Bytes::from(vec![
+            b'x';
+            number("size").unwrap_or(0) as usize
+        ])),
         "/status" => {
             let code = number("code").and_then(|c| StatusCode::from_u16(c as u16).ok());
             response = response.status(code.unwrap_or(StatusCode::OK));
@@ -442,6 +447,15 @@ fn answer(
         request.status = status;
     }
     response
+}
+
+/// The size of the body a request recorded with `path` was served: `N`
+/// for `/bytes?size=N`, 0 for anything else.
+pub fn body_size(path: &str) -> u64 {
+    path.strip_prefix("/bytes?size=")
+        .and_then(|n| n.split('&').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A response body that records the request when it ends or is dropped.

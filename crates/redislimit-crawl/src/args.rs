@@ -11,7 +11,7 @@ use redislimit::FallbackPolicy;
 use redislimit::RedisTls;
 use redislimit::{HostKey, KeyBy, Pacing, Policies};
 
-use super::policy_file::{Settings, load as load_policy_file, parse_duration};
+use super::policy_file::{Settings, load as load_policy_file, parse_bytes, parse_duration};
 use super::resolve::Addresses;
 
 /// One replica of a polite crawler: fetches URLs, paced per host, alone or
@@ -124,6 +124,11 @@ pub struct Args {
     /// The longest a `Retry-After` may hold a host back.
     #[arg(long, value_parser = parse_duration, default_value = "10m")]
     pub max_penalty: Duration,
+    /// At most this many response bytes a second per host (`204800`,
+    /// `200KiB`, `1MB`; 0: no limit), shared by every replica through
+    /// Redis: each response's bytes hold the host's next request back.
+    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    pub max_bytes_per_sec: u64,
     /// Requests this process sends at once, overall (at least 1). A URL
     /// waiting for its host's turn holds none of them.
     #[arg(long, default_value_t = 16, value_parser = parse_concurrency)]
@@ -211,7 +216,8 @@ pub struct Args {
     /// `[[rule]]` tables with `match` (`api.example.com`, or
     /// `*.example.com` for the hosts below it) and any of `min_delay`,
     /// `max_concurrent`, `cluster_concurrency`, `quota`, `window`,
-    /// `jitter`, `max_penalty` (durations as "250ms"). Without `[default]`
+    /// `jitter`, `max_penalty`, `max_bytes_per_sec` (durations as "250ms",
+    /// byte rates as "200KiB"). Without `[default]`
     /// the flags form the default; a rule changes only what it names.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
@@ -387,6 +393,7 @@ impl Args {
             window: self.window,
             jitter: self.jitter,
             max_penalty: self.max_penalty,
+            max_bytes_per_sec: self.max_bytes_per_sec,
         }
     }
 

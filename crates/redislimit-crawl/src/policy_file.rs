@@ -23,8 +23,9 @@
 //!
 //! A rule starts from the default and changes the settings it names:
 //! `min_delay`, `max_concurrent`, `cluster_concurrency` (with Redis only;
-//! 0 serializes), `quota`, `window`, `jitter`, `max_penalty`; durations are
-//! strings like `"250ms"`, `"2s"`, `"1h"`. The most specific match wins (an
+//! 0 serializes), `quota`, `window`, `jitter`, `max_penalty`,
+//! `max_bytes_per_sec`; durations are strings like `"250ms"`, `"2s"`,
+//! `"1h"`, byte rates a number of bytes or a string like `"200KiB"`. The most specific match wins (an
 //! exact host over any suffix, a longer suffix over a shorter). An unknown
 //! setting, a bad duration, a bad pattern or a pattern given twice is
 //! refused, naming the rule.
@@ -58,6 +59,15 @@ pub(super) struct Table {
     window: Option<String>,
     jitter: Option<String>,
     max_penalty: Option<String>,
+    max_bytes_per_sec: Option<ByteCount>,
+}
+
+/// A byte count as written: a number of bytes, or a string with a unit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum ByteCount {
+    Bytes(u64),
+    Text(String),
 }
 
 /// Every setting a host's pacing has, as the flags give them.
@@ -77,6 +87,8 @@ pub struct Settings {
     pub jitter: Duration,
     /// `--max-penalty`.
     pub max_penalty: Duration,
+    /// `--max-bytes-per-sec` (0: off).
+    pub max_bytes_per_sec: u64,
 }
 
 impl Settings {
@@ -87,7 +99,8 @@ impl Settings {
             .min_delay(self.min_delay)
             .quota(self.quota)
             .jitter(self.jitter)
-            .max_penalty(self.max_penalty);
+            .max_penalty(self.max_penalty)
+            .max_bytes_per_sec(self.max_bytes_per_sec);
         if let Some(window) = self.window {
             pacing = pacing.window(window);
         }
@@ -111,6 +124,13 @@ impl Settings {
             window: duration(&table.window, "window")?.or(self.window),
             jitter: duration(&table.jitter, "jitter")?.unwrap_or(self.jitter),
             max_penalty: duration(&table.max_penalty, "max_penalty")?.unwrap_or(self.max_penalty),
+            max_bytes_per_sec: match &table.max_bytes_per_sec {
+                None => self.max_bytes_per_sec,
+                Some(ByteCount::Bytes(n)) => *n,
+                Some(ByteCount::Text(text)) => {
+                    parse_bytes(text).map_err(|e| format!("max_bytes_per_sec: {e}"))?
+                }
+            },
         })
     }
 }
@@ -170,6 +190,39 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{text:?} is not a duration like 250ms or 2s: {e}"))
 }
 
+/// Parses a byte count: `204800`, `200KiB`, `1.5MiB`, `500kB`, `2MB`
+/// (`KiB`/`MiB`/`GiB` are powers of 1024, `kB`/`MB`/`GB` of 1000; `K`,
+/// `M` and `G` alone count as the binary units).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let scale: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "K" | "KiB" | "KB/s" | "KiB/s" => 1024.0,
+        "kB" | "kB/s" => 1e3,
+        "M" | "MiB" | "MiB/s" => 1024.0 * 1024.0,
+        "MB" | "MB/s" => 1e6,
+        "G" | "GiB" | "GiB/s" => 1024.0 * 1024.0 * 1024.0,
+        "GB" | "GB/s" => 1e9,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, KiB, MiB, kB or MB)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count like 204800 or 200KiB"))?;
+    let bytes = (value * scale).round();
+    if !bytes.is_finite() || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?} is too large"));
+    }
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,7 +237,36 @@ mod tests {
             window: None,
             jitter: Duration::ZERO,
             max_penalty: Duration::from_secs(600),
+            max_bytes_per_sec: 0,
         }
+    }
+
+    #[test]
+    fn byte_counts_read_with_their_units() {
+        for (text, bytes) in [
+            ("204800", 204_800),
+            ("200KiB", 204_800),
+            ("200K", 204_800),
+            ("1.5MiB", 1_572_864),
+            ("500kB", 500_000),
+            ("2MB", 2_000_000),
+            (" 7 B ", 7),
+        ] {
+            assert_eq!(parse_bytes(text), Ok(bytes), "{text}");
+        }
+        for bad in ["", "KiB", "fast", "3 parsecs", "1e400"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+        let text = "[default]\nmax_bytes_per_sec = \"100KiB\"\n[[rule]]\nmatch = \"a.test\"\nmax_bytes_per_sec = 1000\n";
+        let (default, p) = parse(text, &flags()).unwrap();
+        assert_eq!(default.max_bytes_per_sec, 102_400);
+        assert_eq!(p.pacing_for(&host("a.test")).max_bytes_per_sec(), 1000);
+        assert_eq!(p.pacing_for(&host("b.test")).max_bytes_per_sec(), 102_400);
+        let refused = parse("[default]\nmax_bytes_per_sec = \"lots\"\n", &flags()).unwrap_err();
+        assert!(
+            format!("{refused:#}").contains("max_bytes_per_sec"),
+            "{refused:#}"
+        );
     }
 
     fn host(name: &str) -> HostKey {

@@ -166,7 +166,7 @@ impl Middleware for PacingMiddleware {
                 if !followed.is_empty() {
                     extensions.insert(Redirects(followed));
                 }
-                return Ok(hold_until_read(response, permit));
+                return Ok(hold_until_read(response, permit, &self.limiter));
             };
             let status = response.status();
             let Some(next_req) = retained.and_then(|r| next_hop(r, status, &url, &location)) else {
@@ -175,7 +175,7 @@ impl Middleware for PacingMiddleware {
                 if !followed.is_empty() {
                     extensions.insert(Redirects(followed));
                 }
-                return Ok(hold_until_read(response, permit));
+                return Ok(hold_until_read(response, permit, &self.limiter));
             };
             // The hop is over: its permit goes back as its body is dropped.
             drop(response);
@@ -374,8 +374,8 @@ fn next_hop(retained: Retained, status: StatusCode, from: &Url, to: &Url) -> Opt
 }
 
 /// `response` with its body wrapped so `permit` lives until the body ends
-/// or is dropped.
-fn hold_until_read(response: Response, permit: Permit) -> Response {
+/// or is dropped (and its bytes are counted, where `limiter` counts them).
+fn hold_until_read(response: Response, permit: Permit, limiter: &Arc<dyn Limiter>) -> Response {
     let url = response.url().clone();
     let response: http::Response<reqwest::Body> = response.into();
     let (mut parts, body) = response.into_parts();
@@ -385,7 +385,7 @@ fn hold_until_read(response: Response, permit: Permit) -> Response {
     if let Ok(with_url) = http::Response::builder().url(url).body(()) {
         parts.extensions.extend(with_url.into_parts().0.extensions);
     }
-    let body = reqwest::Body::wrap(PermitBody::new(body, permit));
+    let body = reqwest::Body::wrap(PermitBody::counting(body, permit, limiter));
     Response::from(http::Response::from_parts(parts, body))
 }
 

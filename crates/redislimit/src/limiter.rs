@@ -75,6 +75,26 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         hold: Duration,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
+    /// Whether responses from `host` are counted in bytes: its pacing has
+    /// a [`max_bytes_per_sec`](crate::pacing::PacingBuilder::max_bytes_per_sec).
+    /// The middlewares then count a response's body as it is read and
+    /// [`charge_bytes`](Self::charge_bytes) it before its permit goes
+    /// back. False by default.
+    fn counts_bytes(&self, host: &HostKey) -> bool {
+        let _ = host;
+        false
+    }
+
+    /// Charges `bytes` of a response from `host` against its
+    /// [`max_bytes_per_sec`](crate::pacing::PacingBuilder::max_bytes_per_sec):
+    /// the host's next send waits until every byte charged so far fits in
+    /// that rate. Charges add up (unlike holds); a host that counts no
+    /// bytes ignores them. Does nothing by default.
+    fn charge_bytes<'a>(&'a self, host: HostKey, bytes: u64) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (host, bytes);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// What this limiter shares beyond admissions and penalties (a backoff
     /// gap, requests to adopt, holds to report): for this crate's own
     /// layers, which reach it through [`sealed::Coordination`]. None by
@@ -387,6 +407,18 @@ macro_rules! forward_limiter {
                 hold: Duration,
             ) -> BoxFuture<'a, Result<(), Error>> {
                 (**self).penalize_host(host, hold)
+            }
+
+            fn counts_bytes(&self, host: &HostKey) -> bool {
+                (**self).counts_bytes(host)
+            }
+
+            fn charge_bytes<'a>(
+                &'a self,
+                host: HostKey,
+                bytes: u64,
+            ) -> BoxFuture<'a, Result<(), Error>> {
+                (**self).charge_bytes(host, bytes)
             }
 
             #[allow(private_interfaces)]

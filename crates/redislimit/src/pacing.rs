@@ -41,9 +41,10 @@ pub enum Spacing {
 /// | [`jitter`](PacingBuilder::jitter) | a random extra of up to this much on every nonzero wait | 0 |
 /// | [`max_penalty`](PacingBuilder::max_penalty) | cap on a single penalty (`Retry-After`) | 10 minutes |
 /// | [`max_queued`](PacingBuilder::max_queued) | acquires waiting per host in this process; one more fails at once with [`Error::QueueFull`](crate::Error::QueueFull) | unbounded |
+/// | [`max_bytes_per_sec`](PacingBuilder::max_bytes_per_sec) | response bytes per second per host: each response's bytes hold the next send back | 0 (off) |
 ///
-/// Zero disables `min_delay`, `quota` (with `window` left at zero too) and
-/// `jitter`, and nothing else: a zero `max_concurrent` or `max_penalty` is
+/// Zero disables `min_delay`, `quota` (with `window` left at zero too),
+/// `jitter` and `max_bytes_per_sec`, and nothing else: a zero `max_concurrent` or `max_penalty` is
 /// refused, as are a quota without a window and a window without a quota.
 ///
 /// ```
@@ -73,6 +74,7 @@ pub struct Pacing {
     jitter: Duration,
     max_penalty: Duration,
     max_queued: Option<u32>,
+    max_bytes_per_sec: u64,
 }
 
 impl Pacing {
@@ -91,6 +93,7 @@ impl Pacing {
                 jitter: Duration::ZERO,
                 max_penalty: Self::DEFAULT_MAX_PENALTY,
                 max_queued: None,
+                max_bytes_per_sec: 0,
             },
         }
     }
@@ -138,6 +141,23 @@ impl Pacing {
         self.max_queued
     }
 
+    /// Response bytes a second allowed per host; 0 when bytes are not
+    /// counted.
+    pub fn max_bytes_per_sec(&self) -> u64 {
+        self.max_bytes_per_sec
+    }
+
+    /// How long `bytes` of a response hold the host under
+    /// [`max_bytes_per_sec`](Self::max_bytes_per_sec); zero when bytes are
+    /// not counted. Rounded up to a microsecond, capped at [`MAX_MICROS`].
+    pub(crate) fn bytes_cost(&self, bytes: u64) -> Duration {
+        if self.max_bytes_per_sec == 0 || bytes == 0 {
+            return Duration::ZERO;
+        }
+        let us = (u128::from(bytes) * 1_000_000).div_ceil(u128::from(self.max_bytes_per_sec));
+        Duration::from_micros(us.min(u128::from(MAX_MICROS)) as u64)
+    }
+
     /// `wait` plus a uniformly drawn extra in `0..=jitter`, or zero when
     /// `wait` is zero: only a caller that has to wait anyway is spread out.
     pub(crate) fn jittered(&self, wait: Duration) -> Duration {
@@ -150,8 +170,8 @@ impl Pacing {
     }
 
     /// This pacing's share when `n` replicas divide it: `min_delay` times
-    /// `n`, `quota` divided by `n`, and `max_concurrent` divided by `n` (at
-    /// least 1). Callers check that the quota divides (see
+    /// `n`, `quota`, `max_bytes_per_sec` and `max_concurrent` divided by
+    /// `n` (at least 1). Callers check that the quota divides (see
     /// [`divides`](Self::divides)).
     pub(crate) fn shared_by(&self, n: u32) -> Self {
         let n = n.max(1);
@@ -164,6 +184,9 @@ impl Pacing {
             share.quota = (self.quota / n).max(1);
         }
         share.max_concurrent = (self.max_concurrent / n).max(1);
+        if self.max_bytes_per_sec > 0 {
+            share.max_bytes_per_sec = (self.max_bytes_per_sec / u64::from(n)).max(1);
+        }
         share
     }
 
@@ -317,6 +340,23 @@ impl PacingBuilder {
     /// against the in-flight cap, not this bound.
     pub fn max_queued(mut self, n: u32) -> Self {
         self.pacing.max_queued = Some(n);
+        self
+    }
+
+    /// At most `n` response bytes a second per host, 0 (the default) for
+    /// no limit. A response's bytes are counted as its body is read
+    /// (through [`PermitBody`](crate::http::PermitBody)); once it ends,
+    /// the host's next send waits until every byte counted so far fits in
+    /// the rate: each response adds `bytes / n` seconds to a debt that
+    /// runs down in real time, and that no hold or penalty shortens. With
+    /// a Redis limiter the debt is kept in Redis, so replicas share it.
+    ///
+    /// A response is charged when it is complete, so the requests already
+    /// in flight (up to the host's in-flight cap) may overrun the rate by
+    /// their bodies before the first of them lands; a cap of 1 keeps the
+    /// overrun to one response.
+    pub fn max_bytes_per_sec(mut self, n: u64) -> Self {
+        self.pacing.max_bytes_per_sec = n;
         self
     }
 

@@ -6,6 +6,7 @@
 
 mod backoff;
 mod budgets;
+mod bytes;
 mod cli;
 mod failover;
 mod faults;

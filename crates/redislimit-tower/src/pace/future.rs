@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use redislimit::http::{Engine, PermitBody, ServerSignal, is_transport_failure};
-use redislimit::{BoxFuture, Error, HostKey, Permit, RequestPacing};
+use redislimit::{BoxFuture, Error, HostKey, Limiter, Permit, RequestPacing};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
@@ -54,6 +54,8 @@ pin_project_lite::pin_project! {
         Penalizing {
             penalize: BoxFuture<'static, Option<ServerSignal>>,
             done: Option<Result<(S::Response, Permit), BoxError>>,
+            // Counts the body's bytes, where it counts them.
+            limiter: Arc<dyn Limiter>,
         },
     }
 }
@@ -139,9 +141,9 @@ where
                                     .options
                                     .react(host, response.status(), response.headers());
                             let Some(reaction) = reaction else {
-                                return Poll::Ready(Ok(
-                                    response.map(|body| PermitBody::new(body, permit))
-                                ));
+                                return Poll::Ready(Ok(response.map(|body| {
+                                    PermitBody::counting(body, permit, &settings.limiter)
+                                })));
                             };
                             (reaction, Ok((response, permit)))
                         }
@@ -158,6 +160,7 @@ where
                         }
                     };
                     let settings = Arc::clone(settings);
+                    let limiter = Arc::clone(&settings.limiter);
                     let key = host.clone();
                     let penalize: BoxFuture<'static, Option<ServerSignal>> = Box::pin(async move {
                         settings
@@ -168,15 +171,22 @@ where
                     state.set(State::Penalizing {
                         penalize,
                         done: Some(done),
+                        limiter,
                     });
                 }
-                StateProj::Penalizing { penalize, done } => {
+                StateProj::Penalizing {
+                    penalize,
+                    done,
+                    limiter,
+                } => {
                     let signal = ready!(penalize.as_mut().poll(cx));
                     let (mut response, permit) = done.take().expect("polled after completion")?;
                     if let Some(signal) = signal {
                         response.extensions_mut().insert(signal);
                     }
-                    return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, permit))));
+                    return Poll::Ready(Ok(
+                        response.map(|body| PermitBody::counting(body, permit, limiter))
+                    ));
                 }
             }
         }

@@ -287,6 +287,28 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
             }
         })
     }
+
+    fn counts_bytes(&self, host: &HostKey) -> bool {
+        self.primary.counts_bytes(host) || self.fallback.counts_bytes(host)
+    }
+
+    /// Charged in both, as a penalty is: the in-process debt paces the
+    /// host if the primary stops answering. During an outage, this
+    /// replica's share (a `1/n` of the byte rate) is charged too.
+    fn charge_bytes<'a>(&'a self, host: HostKey, bytes: u64) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.fallback.charge_bytes(host.clone(), bytes).await?;
+            let domain =
+                crate::limiter::coordination(&*self.primary).map_or(0, |c| c.failure_domain(&host));
+            if let Some(share) = self.shares.of(domain).limiter() {
+                share.charge_bytes(host.clone(), bytes).await?;
+            }
+            match self.primary.charge_bytes(host, bytes).await {
+                Err(err) if err.is_unavailable() => Ok(()),
+                result => result,
+            }
+        })
+    }
 }
 
 /// Holds are reported once, here; the primary's shared backoff gap is used

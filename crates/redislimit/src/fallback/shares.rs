@@ -126,6 +126,15 @@ impl Shares {
         (began, limiter)
     }
 
+    /// The limiter applying the share now, if there is one.
+    pub(super) fn limiter(&self) -> Option<DomainLimiter> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.as_ref().map(|share| share.limiter.clone())
+    }
+
     /// The share (`n`, `index`) a request must take its turn in before it
     /// asks the primary, at `now`: while its [`Grace`] is in force (the
     /// registry read since the outage may already differ from the one the

@@ -55,6 +55,9 @@ struct Rare {
     last_sent: Option<Instant>,
     /// The end of the longest penalty so far (for introspection).
     held_until: Option<Instant>,
+    /// From when the response bytes charged so far fit in the host's
+    /// `max_bytes_per_sec` (see [`HostState::charge`]).
+    bytes_free: Option<Instant>,
 }
 
 /// The quota records of a host that has none.
@@ -343,6 +346,19 @@ impl HostState {
         *held = Some(held.map_or(until, |h| h.max(until)));
     }
 
+    /// Adds `cost` (a response's bytes over the host's byte rate) to the
+    /// host's byte debt, which runs down from now or from where the last
+    /// charge left it, whichever is later; the next send waits until it is
+    /// paid. Returns when it is.
+    pub(crate) fn charge(&mut self, now: Instant, cost: Duration) -> Instant {
+        self.epoch = self.epoch.wrapping_add(1);
+        let rare = self.rare_mut();
+        let free = after(rare.bytes_free.map_or(now, |f| f.max(now)), cost);
+        rare.bytes_free = Some(free);
+        self.ready_at = self.ready_at.max(free);
+        free
+    }
+
     /// From when on this state constrains nothing (it is equivalent to a
     /// fresh one), or `None` while requests are in flight.
     pub(crate) fn idle_at(&self, pacing: &Pacing) -> Option<Instant> {
@@ -558,6 +574,26 @@ mod tests {
             Decision::WaitUntil(t0 + 500 * MS)
         );
         assert_eq!(s.idle_at(&p), Some(t0 + 500 * MS));
+    }
+
+    #[test]
+    fn byte_charges_add_up_and_run_down_in_real_time() {
+        let t0 = Instant::now();
+        let p = pacing(2, 0, 0, 0);
+        let mut s = HostState::new(t0);
+        // Two charges at once add up: 300 ms of debt.
+        assert_eq!(s.charge(t0, 100 * MS), t0 + 100 * MS);
+        assert_eq!(s.charge(t0, 200 * MS), t0 + 300 * MS);
+        assert_eq!(s.decide(t0, &p, 1), Decision::WaitUntil(t0 + 300 * MS));
+        // A charge after the debt is paid counts from its own instant.
+        assert_eq!(s.charge(t0 + 1000 * MS, 50 * MS), t0 + 1050 * MS);
+        // A shorter penalty does not shorten it.
+        s.penalize(t0 + 1000 * MS, 10 * MS);
+        assert_eq!(
+            s.decide(t0 + 1000 * MS, &p, 1),
+            Decision::WaitUntil(t0 + 1050 * MS)
+        );
+        assert_eq!(s.idle_at(&p), Some(t0 + 1050 * MS));
     }
 
     #[test]

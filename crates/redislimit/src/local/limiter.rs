@@ -283,6 +283,24 @@ impl Limiter for DomainLimiter {
         }
     }
 
+    fn counts_bytes(&self, host: &HostKey) -> bool {
+        self.inner.policies.pacing_for(host).max_bytes_per_sec() > 0
+    }
+
+    fn charge_bytes<'a>(&'a self, host: HostKey, bytes: u64) -> BoxFuture<'a, Result<(), Error>> {
+        match self.inner.policies.resolving(&host) {
+            Some(lookup) => Box::pin(async move {
+                lookup.await;
+                self.inner.charge(host, bytes);
+                Ok(())
+            }),
+            None => {
+                self.inner.charge(host, bytes);
+                Box::pin(std::future::ready(Ok(())))
+            }
+        }
+    }
+
     #[allow(private_interfaces)]
     fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
         Some(self)

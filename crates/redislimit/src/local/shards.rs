@@ -286,6 +286,28 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Charges `bytes` of a response from `host` against its
+    /// `max_bytes_per_sec` (see [`HostState::charge`]); nothing when the
+    /// host's pacing counts no bytes.
+    pub(super) fn charge(self: &Arc<Self>, host: HostKey, bytes: u64) {
+        let policy = self.policies.index(&host);
+        let cost = self.policies.at(policy).bytes_cost(bytes);
+        if cost.is_zero() {
+            return;
+        }
+        let host = self.policies.key(&host);
+        self.sweep.ensure_running(self);
+        let now = Instant::now();
+        let mut guard = lock(self.shard(&host));
+        let entry = guard.entry(&host, now, policy);
+        let free = entry.state.charge(now, cost);
+        entry.wake_turns();
+        guard.settle(&host, &self.policies, &self.sweep);
+        tracing::debug!(host = %host, bytes, free_in_ms = (free - now).as_millis() as u64, "response bytes charged");
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.sweep.stop();

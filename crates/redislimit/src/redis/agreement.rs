@@ -19,8 +19,8 @@
 //! per replica per half-life, not one per admission.
 //!
 //! What is compared: the mode and `cluster_concurrency`, `min_delay` (and
-//! with it the spacing the mode implies), `quota` and `window`, and
-//! `lease_ttl`; with per-host rules, the keying and a digest of every
+//! with it the spacing the mode implies), `quota` and `window`,
+//! `max_bytes_per_sec`, and `lease_ttl`; with per-host rules, the keying and a digest of every
 //! rule's pattern and those settings (`rules=N:<digest>`: the record stays
 //! short however many rules there are). What shapes only one process is not: timeouts, hooks, the
 //! in-process `max_concurrent`, jitter, retry intervals, the fallback. The
@@ -104,10 +104,18 @@ impl Agreement {
                 (q, 0) => format!("{q}/{:?}", pacing.window()),
                 (q, _) => format!("{q}/{:?} in {QUOTA_BUCKETS} buckets", pacing.window()),
             };
-            format!(
+            let mut described = format!(
                 "mode={mode} min_delay={:?} quota={quota}",
                 pacing.min_delay()
-            )
+            );
+            // Written only when set (see the module's documentation).
+            if pacing.max_bytes_per_sec() > 0 {
+                described.push_str(&format!(
+                    " max_bytes_per_sec={}",
+                    pacing.max_bytes_per_sec()
+                ));
+            }
+            described
         };
         let mut settings = format!("{} lease_ttl={lease_ttl:?}", describe(0));
         // Written only when set, so replicas without rules keep agreeing

@@ -299,14 +299,16 @@ impl Backend {
         self.observe(&keys.gate, adopted)
     }
 
-    /// penalize.lua on `gate`.
+    /// penalize.lua on `gate`: a hold, or with `charge` a byte debt.
     pub(super) async fn penalize(
         &self,
         gate: &str,
         hold_us: u64,
         lease_ttl_us: u64,
+        charge: bool,
     ) -> Result<(), CallError> {
-        let penalized = scripts::penalize::run(&self.redis, gate, hold_us, lease_ttl_us).await;
+        let penalized =
+            scripts::penalize::run(&self.redis, gate, hold_us, lease_ttl_us, charge).await;
         self.observe(gate, penalized).map(drop)
     }
 

@@ -286,6 +286,20 @@ impl Limiter for RedisLimiter {
         Box::pin(ops::penalize(&self.core, host, hold))
     }
 
+    fn counts_bytes(&self, host: &HostKey) -> bool {
+        self.core
+            .settings
+            .policies
+            .pacing_for(host)
+            .max_bytes_per_sec()
+            > 0
+    }
+
+    /// The byte debt is kept in Redis, shared by every replica.
+    fn charge_bytes<'a>(&'a self, host: HostKey, bytes: u64) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(ops::charge(&self.core, host, bytes))
+    }
+
     #[allow(private_interfaces)]
     fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
         Some(self)

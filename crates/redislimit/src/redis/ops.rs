@@ -87,9 +87,22 @@ pub(super) async fn adopt(
 /// Holds `host` back for `hold` (capped by its `max_penalty`) on every
 /// replica.
 pub(super) async fn penalize(core: &Core, host: HostKey, hold: Duration) -> Result<(), Error> {
+    let cap = core.settings.policies.pacing_for(&host).max_penalty();
+    hold_back(core, host, hold.min(cap), false).await
+}
+
+/// Charges `bytes` of a response from `host` to its byte debt in Redis, on
+/// every replica (see `Pacing::max_bytes_per_sec`).
+pub(super) async fn charge(core: &Core, host: HostKey, bytes: u64) -> Result<(), Error> {
+    let cost = core.settings.policies.pacing_for(&host).bytes_cost(bytes);
+    hold_back(core, host, cost, true).await
+}
+
+/// One run of penalize.lua: a hold of `hold`, or with `charge` a byte
+/// debt grown by `hold`.
+async fn hold_back(core: &Core, host: HostKey, hold: Duration, charge: bool) -> Result<(), Error> {
     let settings = &core.settings;
-    let cap = settings.policies.pacing_for(&host).max_penalty();
-    let hold_us = hold.min(cap).as_micros() as u64;
+    let hold_us = hold.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
     if hold_us == 0 {
         return Ok(());
     }
@@ -103,11 +116,11 @@ pub(super) async fn penalize(core: &Core, host: HostKey, hold: Duration) -> Resu
     }
     match core
         .backend
-        .penalize(&keys.gate, hold_us, settings.lease_ttl_us)
+        .penalize(&keys.gate, hold_us, settings.lease_ttl_us, charge)
         .await
     {
         Ok(()) => {
-            tracing::debug!(host = %host, hold_us, "host penalized");
+            tracing::debug!(host = %host, hold_us, charge, "host held back");
             Ok(())
         }
         Err(e) => {

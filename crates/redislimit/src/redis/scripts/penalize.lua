@@ -3,6 +3,9 @@
 -- KEYS[1] gate   (docs/DESIGN.md, "Keys in Redis")
 -- ARGV[1] hold (µs, already capped by the configured maximum penalty)
 -- ARGV[2] lease_ttl (how long garbage state is held off, see heal)
+-- ARGV[3] '1': a byte charge (max_bytes_per_sec): ARGV[1] is added to the
+--         host's byte debt, kept as the instant it is paid in the gate's
+--         field 'bytes', and the host is held until then
 --
 -- Only ever extends the hold. Returns 1 when it extended it, 0 when a
 -- longer hold was already in place.
@@ -14,6 +17,15 @@ return guarded(KEYS, function()
 local nxt = number(redis.call('HGET', gate, 'next'))
 if nxt == nil then
   garbage()
+end
+if ARGV[3] == '1' then
+  local paid = number(redis.call('HGET', gate, 'bytes'))
+  if paid == nil then
+    garbage()
+  end
+  local free = math.max(now, paid) + hold
+  redis.call('HSET', gate, 'bytes', int(free))
+  hold = free - now
 end
 -- A hold the host's next send already covers must still outlast an
 -- abandoned admission's rollback of that send (see release.lua).
