@@ -46,6 +46,10 @@ use crate::record::{Recorder, Request};
 ///   headers of style `S` (`ietf`: `RateLimit` and `RateLimit-Policy`;
 ///   `github`: `X-RateLimit-*` with an epoch `X-RateLimit-Reset` and a
 ///   `Date`); beyond it `429` without `Retry-After` (see [`Upstream::windows`]);
+///   with `unit=content-bytes&size=B` (IETF style), `N` bytes of bodies of
+///   `B` bytes each (a `Content-Length` told); with
+///   `unit=concurrent-requests&chunks=C&every=MS2`, `N` requests in flight
+///   at once, each a body of `C` chunks `MS2` ms apart (`qu` names the unit);
 /// - anything else: `200 ok`.
 ///
 /// Stops when dropped.
@@ -275,6 +279,8 @@ fn answer(
         .unwrap_or(0);
     let number = |key| query(&req, key).and_then(|v| v.parse::<u64>().ok());
     let mut response = Response::builder();
+    let budgets_handle = budgets;
+    let mut release = None;
     let chunks = match req.uri().path() {
         "/slow" => Chunks::new(
             number("chunks").unwrap_or(3),
@@ -356,24 +362,39 @@ fn answer(
             let now_ms = now.as_millis() as u64;
             let index = now_ms / window;
             let end_ms = (index + 1) * window;
+            let unit = query(&req, "unit").unwrap_or_else(|| "requests".into());
+            let size = number("size").unwrap_or(3);
             let mut budgets = budgets
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Requests in flight to the host now (concurrent-requests).
+            let in_flight = budgets
+                .get(&format!("in-flight {host}"))
+                .and_then(|w| w.get(&0))
+                .map_or(0, |c| c.0);
             let counts = budgets
                 .entry(host.clone())
                 .or_default()
                 .entry(index)
                 .or_default();
-            let admitted = counts.0 < limit;
+            // What one more request would use, in the budget's unit.
+            let (used, cost) = match unit.as_str() {
+                "content-bytes" => (counts.0 * size, size),
+                "concurrent-requests" => (in_flight, 1),
+                _ => (counts.0, 1),
+            };
+            let admitted = used + cost <= limit;
             if admitted {
                 counts.0 += 1;
             } else {
                 counts.1 += 1;
                 response = response.status(StatusCode::TOO_MANY_REQUESTS);
             }
-            let left = limit - counts.0;
-            match query(&req, "style").as_deref() {
-                Some("github") => {
+            let left = limit - used - if admitted { cost } else { 0 };
+            let t = (end_ms - now_ms).div_ceil(1000);
+            let w = window.div_ceil(1000);
+            match (query(&req, "style").as_deref(), unit.as_str()) {
+                (Some("github"), _) => {
                     response = response
                         .header(header::DATE, httpdate::fmt_http_date(SystemTime::now()))
                         .header("x-ratelimit-limit", limit)
@@ -381,18 +402,41 @@ fn answer(
                         .header("x-ratelimit-used", counts.0)
                         .header("x-ratelimit-reset", end_ms.div_ceil(1000));
                 }
-                _ => {
+                (_, "requests") => {
                     // Whole seconds, rounded up: never before the reset.
-                    let t = (end_ms - now_ms).div_ceil(1000);
+                    response = response
+                        .header("ratelimit", format!(r#""default";r={left};t={t}"#))
+                        .header("ratelimit-policy", format!(r#""default";q={limit};w={w}"#));
+                }
+                (_, unit) => {
                     response = response
                         .header("ratelimit", format!(r#""default";r={left};t={t}"#))
                         .header(
                             "ratelimit-policy",
-                            format!(r#""default";q={limit};w={}"#, window.div_ceil(1000)),
+                            format!(r#""default";q={limit};qu="{unit}";w={w}"#),
                         );
                 }
             }
-            Chunks::new(1, Duration::ZERO)
+            match unit.as_str() {
+                "content-bytes" if admitted => {
+                    response = response.header(header::CONTENT_LENGTH, size);
+                    Chunks::with_body(Bytes::from(vec![b'x'; size as usize]))
+                }
+                "concurrent-requests" if admitted => {
+                    budgets
+                        .entry(format!("in-flight {host}"))
+                        .or_default()
+                        .entry(0)
+                        .or_default()
+                        .0 += 1;
+                    release = Some(InFlight(Arc::clone(budgets_handle), host.clone()));
+                    Chunks::new(
+                        number("chunks").unwrap_or(3),
+                        Duration::from_millis(number("every").unwrap_or(100)),
+                    )
+                }
+                _ => Chunks::new(1, Duration::ZERO),
+            }
         }
         "/loop" => {
             // Redirects to itself, query and all.
@@ -427,6 +471,7 @@ fn answer(
         .unwrap_or_default();
     let body = Recorded {
         chunks,
+        release,
         record: Some((
             Request {
                 host,
@@ -462,18 +507,42 @@ pub fn body_size(path: &str) -> u64 {
 #[derive(Debug)]
 pub(crate) struct Recorded {
     chunks: Chunks,
+    /// A `/budget` request of `concurrent-requests` in flight, let go at the end.
+    release: Option<InFlight>,
     record: Option<(Request, Arc<Recorder>)>,
+}
+
+/// A request in flight to the host, counted in the budgets under
+/// `in-flight <host>`.
+#[derive(Debug)]
+struct InFlight(Budgets, String);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut budgets = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = budgets
+            .get_mut(&format!("in-flight {}", self.1))
+            .and_then(|w| w.get_mut(&0))
+        {
+            count.0 = count.0.saturating_sub(1);
+        }
+    }
 }
 
 impl Recorded {
     fn empty() -> Self {
         Self {
             chunks: Chunks::new(0, Duration::ZERO),
+            release: None,
             record: None,
         }
     }
 
     fn finish(&mut self) {
+        self.release.take();
         if let Some((mut request, recorder)) = self.record.take() {
             request.end = Instant::now();
             recorder.add(request);

@@ -201,8 +201,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let (number, unit) = trimmed.split_at(split);
     let scale: f64 = match unit.trim() {
         "" | "B" => 1.0,
-        "K" | "KiB" | "KB/s" | "KiB/s" => 1024.0,
-        "kB" | "kB/s" => 1e3,
+        "K" | "KiB" | "KiB/s" => 1024.0,
+        "kB" | "kB/s" | "KB" | "KB/s" => 1e3,
         "M" | "MiB" | "MiB/s" => 1024.0 * 1024.0,
         "MB" | "MB/s" => 1e6,
         "G" | "GiB" | "GiB/s" => 1024.0 * 1024.0 * 1024.0,

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 pub use self::backoff::{Backoff, is_transport_failure};
 pub use self::body::PermitBody;
 pub use self::options::{PaceOptions, RateLimitHeaders, Reaction, ServerSignal};
-pub use self::rate_limit::{Budget, rate_limit_budget, rate_limit_hold};
+pub use self::rate_limit::{Budget, rate_limit_budget, rate_limit_concurrency, rate_limit_hold};
 pub use self::retry_after::{penalty, retry_after};
 
 /// A request extension naming the engine (the caller label in hooks and

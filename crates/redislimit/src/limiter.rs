@@ -95,6 +95,23 @@ pub trait Limiter: Send + Sync + fmt::Debug {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    /// Caps `host`'s requests in flight at `cap` (at least 1) for
+    /// `window`, as the host stated (a `RateLimit-Policy` with
+    /// `qu=concurrent-requests`, read by `http::rate_limit_concurrency`
+    /// with the `http` feature):
+    /// the lower of it and the configured cap applies until it lapses or
+    /// the host states another. A request heavier than the cap goes alone.
+    /// Does nothing by default.
+    fn cap_host<'a>(
+        &'a self,
+        host: HostKey,
+        cap: u32,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (host, cap, window);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// What this limiter shares beyond admissions and penalties (a backoff
     /// gap, requests to adopt, holds to report): for this crate's own
     /// layers, which reach it through [`sealed::Coordination`]. None by
@@ -411,6 +428,15 @@ macro_rules! forward_limiter {
 
             fn counts_bytes(&self, host: &HostKey) -> bool {
                 (**self).counts_bytes(host)
+            }
+
+            fn cap_host<'a>(
+                &'a self,
+                host: HostKey,
+                cap: u32,
+                window: Duration,
+            ) -> BoxFuture<'a, Result<(), Error>> {
+                (**self).cap_host(host, cap, window)
             }
 
             fn charge_bytes<'a>(

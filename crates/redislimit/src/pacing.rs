@@ -345,7 +345,7 @@ impl PacingBuilder {
 
     /// At most `n` response bytes a second per host, 0 (the default) for
     /// no limit. A response's bytes are counted as its body is read
-    /// (through [`PermitBody`](crate::http::PermitBody)); once it ends,
+    /// (through `http::PermitBody`, with the `http` feature); once it ends,
     /// the host's next send waits until every byte counted so far fits in
     /// the rate: each response adds `bytes / n` seconds to a debt that
     /// runs down in real time, and that no hold or penalty shortens. With

@@ -2,8 +2,11 @@
 //! host per 2 s window says so in `RateLimit` fields or GitHub's
 //! `X-RateLimit-*` headers and answers `429` without `Retry-After` beyond
 //! it. Two crawl replicas sharing Redis must never be refused, and must
-//! use the budget: judged from the upstream's own counts per window.
+//! use the budget: judged from the upstream's own counts per window. The
+//! same for a budget of bytes (`qu="content-bytes"`) and a cap on
+//! requests in flight (`qu="concurrent-requests"`).
 
+use redislimit_tests::record::max_in_flight;
 use redislimit_tests::{RedisServer, Upstream};
 
 use crate::{finish, spawn_all, tempdir};
@@ -16,15 +19,26 @@ const PER_HOST: usize = 20;
 /// upstream in `style`, with `extra` flags; returns the upstream and the
 /// report lines.
 async fn crawl(style: &str, extra: &[&str]) -> (Upstream, Vec<serde_json::Value>) {
+    let path = format!("/budget?style={style}&limit={LIMIT}&window=2000");
+    crawl_path(&path, 2, "20ms", extra).await
+}
+
+/// `replicas` crawl `PER_HOST` URLs of each host at `path`, `min_delay`
+/// apart, with `extra` flags.
+async fn crawl_path(
+    path: &str,
+    replicas: usize,
+    min_delay: &str,
+    extra: &[&str],
+) -> (Upstream, Vec<serde_json::Value>) {
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
     let dir = tempdir();
-    let path = format!("/budget?style={style}&limit={LIMIT}&window=2000");
-    let list = crate::urls(&upstream, &HOSTS, PER_HOST, &path);
+    let list = crate::urls(&upstream, &HOSTS, PER_HOST, path);
     let url = server.url();
-    let mut args = vec!["--redis", url.as_str(), "--min-delay", "20ms"];
+    let mut args = vec!["--redis", url.as_str(), "--min-delay", min_delay];
     args.extend(extra);
-    let lines = finish(spawn_all(dir.path(), &upstream, &list, 2, &args)).await;
+    let lines = finish(spawn_all(dir.path(), &upstream, &list, replicas, &args)).await;
     assert_eq!(lines.len(), HOSTS.len() * PER_HOST);
     (upstream, lines)
 }
@@ -32,6 +46,11 @@ async fn crawl(style: &str, extra: &[&str]) -> (Upstream, Vec<serde_json::Value>
 async fn crawl_within_budget(style: &str) {
     let _turn = crate::one_at_a_time().await;
     let (upstream, lines) = crawl(style, &[]).await;
+    within_budget(&upstream, &lines);
+}
+
+/// No request refused, the spent budget reported, and the windows used.
+fn within_budget(upstream: &Upstream, lines: &[serde_json::Value]) {
     // The report says why hosts were held.
     let spent = lines
         .iter()
@@ -81,6 +100,45 @@ async fn ietf_ratelimit_fields_keep_two_replicas_within_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn github_ratelimit_headers_keep_two_replicas_within_the_budget() {
     crawl_within_budget("github").await;
+}
+
+/// A budget of `LIMIT` and a half bodies of 4 KiB a window, stated in
+/// bytes: three replicas are never refused, and use it. The half body
+/// left after `LIMIT` responses is read as spent, as it must be: counted
+/// as requests, 2048 would be plenty left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_of_content_bytes_keeps_three_replicas_within_it() {
+    let _turn = crate::one_at_a_time().await;
+    let size = 4096;
+    let path = format!(
+        "/budget?unit=content-bytes&size={size}&limit={}&window=2000",
+        LIMIT * size + size / 2
+    );
+    let (upstream, lines) = crawl_path(&path, 3, "20ms", &[]).await;
+    within_budget(&upstream, &lines);
+}
+
+/// A host allowing 2 requests in flight says so (`qu="concurrent-requests"`)
+/// to three replicas allowed 4 at once among them, and sending every
+/// 60 ms requests that take 300 ms: it is never refused, and gets 2 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stated_concurrency_caps_three_replicas() {
+    let _turn = crate::one_at_a_time().await;
+    let path = "/budget?unit=concurrent-requests&limit=2&chunks=3&every=100&window=2000";
+    let args = ["--cluster-concurrency", "4"];
+    let (upstream, _) = crawl_path(path, 3, "60ms", &args).await;
+    for host in HOSTS {
+        let seen = upstream.recorder().host(host);
+        let refused = seen.iter().filter(|r| r.status == 429).count();
+        assert_eq!(refused, 0, "{host}: {refused} requests refused");
+        assert_eq!(max_in_flight(&seen), 2, "{host}: {seen:?}");
+        for replica in 0..3 {
+            assert!(
+                seen.iter().any(|r| r.replica == replica),
+                "{host}: replica {replica} fetched some"
+            );
+        }
+    }
 }
 
 /// The test of the test: the same crawl not reading the headers (the bare

@@ -292,6 +292,22 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
         self.primary.counts_bytes(host) || self.fallback.counts_bytes(host)
     }
 
+    /// Capped in both, as a penalty is held in both.
+    fn cap_host<'a>(
+        &'a self,
+        host: HostKey,
+        cap: u32,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.fallback.cap_host(host.clone(), cap, window).await?;
+            match self.primary.cap_host(host, cap, window).await {
+                Err(err) if err.is_unavailable() => Ok(()),
+                result => result,
+            }
+        })
+    }
+
     /// Charged in both, as a penalty is: the in-process debt paces the
     /// host if the primary stops answering. During an outage, this
     /// replica's share (a `1/n` of the byte rate) is charged too.

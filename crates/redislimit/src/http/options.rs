@@ -8,7 +8,7 @@ use http::{Extensions, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
-use super::rate_limit::{Budget, rate_limit_budget};
+use super::rate_limit::{Budget, rate_limit_budget, rate_limit_concurrency};
 use super::retry_after::{penalty_from, retry_after};
 use super::{Engine, MaxWait};
 use crate::{HostKey, Limiter};
@@ -138,9 +138,28 @@ impl PaceOptions {
     /// while the host is backing off, a narrowed one. A low budget's
     /// spread (and for a `429`/`503` the default penalty) is the least any
     /// of these holds, and alone it holds a host that is not backing off.
-    /// `None` when the host may go on at its pacing. Cheap: it reads
+    /// A cap on requests in flight the response states
+    /// ([`rate_limit_concurrency`]) comes along with any of these, or
+    /// alone. `None` when the host may go on at its pacing. Cheap: it reads
     /// headers only.
     pub fn react(
+        &self,
+        host: &HostKey,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<Reaction> {
+        let cap = (self.rate_limit_headers == RateLimitHeaders::Honor)
+            .then(|| rate_limit_concurrency(headers))
+            .flatten();
+        match (self.react_kind(host, status, headers), cap) {
+            (None, None) => None,
+            (Some(reaction), cap) => Some(Reaction { cap, ..reaction }),
+            (None, cap) => Some(Reaction { kind: None, cap }),
+        }
+    }
+
+    /// [`react`](Self::react) but for a stated cap on requests in flight.
+    fn react_kind(
         &self,
         host: &HostKey,
         status: StatusCode,
@@ -150,7 +169,7 @@ impl PaceOptions {
         // a floor under whatever else the response asks for.
         let low = match self.stated(status, headers) {
             Some(ServerSignal::BudgetLow(hold)) => Some(ServerSignal::BudgetLow(hold)),
-            Some(signal) => return Some(Reaction(Kind::Hold(signal))),
+            Some(signal) => return Some(reaction(Kind::Hold(signal))),
             None => None,
         };
         let default = matches!(
@@ -163,8 +182,8 @@ impl PaceOptions {
         let floor = longer(low, default);
         if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
             return match self.backoff {
-                Some(_) => Some(Reaction(Kind::Widen { floor })),
-                None => floor.map(|f| Reaction(Kind::Hold(f))),
+                Some(_) => Some(reaction(Kind::Widen { floor })),
+                None => floor.map(|f| reaction(Kind::Hold(f))),
             };
         }
         let backing_off = self
@@ -172,9 +191,9 @@ impl PaceOptions {
             .as_ref()
             .is_some_and(|b| b.is_backing_off(host));
         if backing_off {
-            return Some(Reaction(Kind::Narrow { floor }));
+            return Some(reaction(Kind::Narrow { floor }));
         }
-        floor.map(|f| Reaction(Kind::Hold(f)))
+        floor.map(|f| reaction(Kind::Hold(f)))
     }
 
     /// What a request to a host that failed without a response asks of it:
@@ -182,7 +201,7 @@ impl PaceOptions {
     /// see [`is_transport_failure`](super::is_transport_failure)), a
     /// widened backoff gap.
     pub fn react_to_failure(&self, transport: bool) -> Option<Reaction> {
-        (transport && self.backoff.is_some()).then_some(Reaction(Kind::Widen { floor: None }))
+        (transport && self.backoff.is_some()).then_some(reaction(Kind::Widen { floor: None }))
     }
 
     /// Applies `reaction` to `host` through `limiter`: holds the host (as
@@ -198,7 +217,10 @@ impl PaceOptions {
         host: HostKey,
         reaction: Reaction,
     ) -> Option<ServerSignal> {
-        let signal = match reaction.0 {
+        if let Some((cap, window)) = reaction.cap {
+            let _ = limiter.cap_host(host.clone(), cap, window).await;
+        }
+        let signal = match reaction.kind? {
             Kind::Hold(signal) => {
                 let _ = limiter.penalize_host(host.clone(), signal.hold()).await;
                 signal
@@ -279,7 +301,19 @@ impl PaceOptions {
 /// What a response (or a failed request) asked of its host, computed by
 /// [`PaceOptions::react`]; [`PaceOptions::apply`] carries it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reaction(Kind);
+pub struct Reaction {
+    kind: Option<Kind>,
+    /// A cap on requests in flight the host stated, and for how long.
+    cap: Option<(u32, Duration)>,
+}
+
+/// A reaction of `kind` alone.
+fn reaction(kind: Kind) -> Reaction {
+    Reaction {
+        kind: Some(kind),
+        cap: None,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -485,6 +519,47 @@ mod tests {
         assert_eq!(off.react_to_failure(true), None);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_stated_concurrency_caps_the_host_for_its_window() {
+        use crate::{DomainLimiter, Pacing};
+        let host = HostKey::parse("http://a.test/").unwrap();
+        let options = PaceOptions::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "ratelimit-policy",
+            r#""conc";q=1;qu="concurrent-requests";w=10"#.parse().unwrap(),
+        );
+        let reaction = options.react(&host, StatusCode::OK, &headers).unwrap();
+        assert_eq!(
+            reaction,
+            Reaction {
+                kind: None,
+                cap: Some((1, Duration::from_secs(10)))
+            }
+        );
+        let pacing = Pacing::builder().max_concurrent(3).build().unwrap();
+        let limiter = DomainLimiter::new(pacing);
+        let first = limiter.acquire_host("t", host.clone(), None).await.unwrap();
+        // Nothing to hold: no signal, but the cap is applied.
+        assert_eq!(options.apply(&limiter, host.clone(), reaction).await, None);
+        let second = limiter.acquire_host("t", host.clone(), None);
+        let waited = tokio::time::timeout(Duration::from_secs(1), second).await;
+        assert!(waited.is_err(), "a second request beside the first");
+        drop(first);
+        drop(limiter.acquire_host("t", host.clone(), None).await.unwrap());
+        // Once the window is over, the configured cap of 3 again.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let permit = limiter.acquire_host("t", host.clone(), None);
+            held.push(tokio::time::timeout(Duration::ZERO, permit).await.unwrap());
+        }
+        assert_eq!(held.len(), 3);
+        // Ignored headers state no cap either.
+        let off = options.with_rate_limit_headers(RateLimitHeaders::Ignore);
+        assert_eq!(off.react(&host, StatusCode::OK, &headers), None);
+    }
+
     #[test]
     fn a_low_budget_is_spread_and_a_spent_one_held_until_the_reset() {
         let host = HostKey::parse("http://a.test/").unwrap();
@@ -494,14 +569,14 @@ mod tests {
         headers.insert("ratelimit-policy", r#""api";q=100;w=60"#.parse().unwrap());
         assert_eq!(
             options.react(&host, StatusCode::OK, &headers),
-            Some(Reaction(Kind::Hold(ServerSignal::BudgetLow(
+            Some(reaction(Kind::Hold(ServerSignal::BudgetLow(
                 Duration::from_secs(5)
             ))))
         );
         headers.insert("ratelimit", r#""api";r=0;t=20"#.parse().unwrap());
         assert_eq!(
             options.react(&host, StatusCode::OK, &headers),
-            Some(Reaction(Kind::Hold(ServerSignal::BudgetSpent(
+            Some(reaction(Kind::Hold(ServerSignal::BudgetSpent(
                 Duration::from_secs(20)
             ))))
         );
@@ -510,14 +585,14 @@ mod tests {
         headers.insert("ratelimit", r#""api";r=4;t=20"#.parse().unwrap());
         assert_eq!(
             options.react(&host, StatusCode::SERVICE_UNAVAILABLE, &headers),
-            Some(Reaction(Kind::Widen {
+            Some(reaction(Kind::Widen {
                 floor: Some(ServerSignal::BudgetLow(Duration::from_secs(5)))
             }))
         );
         options.backoff.as_ref().unwrap().widen(&host);
         assert_eq!(
             options.react(&host, StatusCode::OK, &headers),
-            Some(Reaction(Kind::Narrow {
+            Some(reaction(Kind::Narrow {
                 floor: Some(ServerSignal::BudgetLow(Duration::from_secs(5)))
             }))
         );
@@ -525,7 +600,7 @@ mod tests {
         let off = options.with_rate_limit_headers(RateLimitHeaders::Ignore);
         assert_eq!(
             off.react(&host, StatusCode::OK, &headers),
-            Some(Reaction(Kind::Narrow { floor: None }))
+            Some(reaction(Kind::Narrow { floor: None }))
         );
         let fresh = HostKey::parse("http://fresh.test/").unwrap();
         assert_eq!(off.react(&fresh, StatusCode::OK, &headers), None);

@@ -22,6 +22,14 @@ use super::retry_after::response_date;
 /// | `RateLimit-Remaining` + `RateLimit-Reset` (GitLab: epoch seconds) | `RateLimit-Limit` | remaining | epoch or delta |
 /// | `X-Rate-Limit-Remaining` + `X-Rate-Limit-Reset` (X/Twitter: epoch seconds) | `X-Rate-Limit-Limit` | remaining | epoch or delta |
 ///
+/// A `RateLimit-Policy` counts in its `qu` unit: `requests` (the
+/// default), `content-bytes` (counted in responses the size of this one,
+/// from its `Content-Length`: less than one such response left is a spent
+/// budget; without a `Content-Length` only a spent budget holds) or
+/// `concurrent-requests` (a cap on requests in flight, not a budget in
+/// time: see [`rate_limit_concurrency`]). A policy in a unit not listed
+/// here is ignored.
+///
 /// A budget is spent when what is left is `0`: the hold lasts until its
 /// reset. It is low when what is left is more than `0` but at most a tenth
 /// of a known limit: the hold is the time to the reset divided by what is
@@ -213,16 +221,59 @@ fn param(params: &sfv::Parameters, key: &str) -> Option<u64> {
     u64::try_from(n).ok()
 }
 
+/// What a `RateLimit-Policy` counts (its `qu` parameter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    /// `requests`, the default.
+    Requests,
+    /// `content-bytes`: the bytes of response content.
+    ContentBytes,
+    /// `concurrent-requests`: requests in flight (see [`rate_limit_concurrency`]).
+    ConcurrentRequests,
+}
+
+impl Unit {
+    /// The unit of a policy's parameters; `None` for a unit this crate
+    /// does not know (such a policy is ignored, as the draft asks).
+    fn of(params: &sfv::Parameters) -> Option<Self> {
+        let Some(unit) = params.get("qu") else {
+            return Some(Self::Requests);
+        };
+        let name = match unit {
+            sfv::BareItem::String(s) => s.as_str(),
+            sfv::BareItem::Token(t) => t.as_str(),
+            _ => return None,
+        };
+        match name {
+            "requests" => Some(Self::Requests),
+            "content-bytes" => Some(Self::ContentBytes),
+            "concurrent-requests" => Some(Self::ConcurrentRequests),
+            _ => None,
+        }
+    }
+}
+
 /// The longest hold among the policies of an IETF `RateLimit` field, each
-/// judged against the quota of the `RateLimit-Policy` of the same name.
+/// judged against the quota of the `RateLimit-Policy` of the same name, in
+/// that policy's unit: requests by default; a budget of `content-bytes` is
+/// counted in responses the size of this one (its `Content-Length`: a
+/// budget with less than one such response left is spent), and without a
+/// `Content-Length` only a spent budget holds; `concurrent-requests` and
+/// unknown units hold nothing.
 fn ietf_budget(headers: &HeaderMap) -> Option<Budget> {
     let policies = sf_items(headers, "ratelimit-policy");
-    let quota = |name: &str| {
-        policies
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, p)| param(p, "q"))
+    let policy = |name: &str| {
+        let params = policies.iter().find(|(n, _)| n == name).map(|(_, p)| p);
+        match params {
+            Some(params) => Some((param(params, "q"), Unit::of(params)?)),
+            None => Some((None, Unit::Requests)),
+        }
     };
+    let size = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&n| n > 0);
     sf_items(headers, "ratelimit")
         .into_iter()
         .filter_map(|(name, params)| {
@@ -230,11 +281,55 @@ fn ietf_budget(headers: &HeaderMap) -> Option<Budget> {
             if reset == 0 {
                 return None;
             }
-            let limit = quota(&name).map(|q| q as f64);
-            judge(left as f64, limit, Duration::from_secs(reset))
+            let (quota, unit) = policy(&name)?;
+            let reset = Duration::from_secs(reset);
+            match (unit, size) {
+                (Unit::Requests, _) => judge(left as f64, quota.map(|q| q as f64), reset),
+                (Unit::ContentBytes, Some(size)) => judge(
+                    (left / size) as f64,
+                    quota.map(|q| q as f64 / size as f64),
+                    reset,
+                ),
+                (Unit::ContentBytes, None) => judge(left as f64, None, reset),
+                (Unit::ConcurrentRequests, _) => None,
+            }
         })
         .max_by_key(|b| b.hold())
 }
+
+/// The cap on requests in flight a response's `RateLimit-Policy` states
+/// (a policy with `qu=concurrent-requests`: its quota `q`), and how long
+/// it holds (its window `w`, or a minute without one); the smallest such
+/// quota when several do. `None` when none does, or the response came from
+/// a cache. A quota of 0 reads as 1: one request at a time is the least a
+/// client can send and learn again.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderMap;
+/// use redislimit::http::rate_limit_concurrency;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("ratelimit-policy", r#""conc";q=2;qu="concurrent-requests";w=30"#.parse().unwrap());
+/// assert_eq!(rate_limit_concurrency(&headers), Some((2, Duration::from_secs(30))));
+/// ```
+pub fn rate_limit_concurrency(headers: &HeaderMap) -> Option<(u32, Duration)> {
+    if cached(headers) {
+        return None;
+    }
+    sf_items(headers, "ratelimit-policy")
+        .into_iter()
+        .filter(|(_, params)| Unit::of(params) == Some(Unit::ConcurrentRequests))
+        .filter_map(|(_, params)| {
+            let cap = u32::try_from(param(&params, "q")?)
+                .unwrap_or(u32::MAX)
+                .max(1);
+            let window = param(&params, "w").filter(|&w| w > 0).unwrap_or(60);
+            Some((cap, Duration::from_secs(window.min(86_400))))
+        })
+        .min_by_key(|(cap, _)| *cap)
+}
+
 /// Whether the response came from a cache (`Age` above zero).
 fn cached(headers: &HeaderMap) -> bool {
     headers
@@ -293,6 +388,72 @@ mod tests {
         assert_eq!(h(r#"default r=0 t=10"#), None);
         assert_eq!(h(r#""default";r=0;t=-5"#), None);
         assert_eq!(h(r#""default";r=0"#), None);
+    }
+
+    #[test]
+    fn budgets_count_in_their_units() {
+        let now = SystemTime::now();
+        let budget = |r: &str, policy: &str, length: Option<&str>| {
+            let mut h = headers(&[("ratelimit", r), ("ratelimit-policy", policy)]);
+            if let Some(length) = length {
+                h.insert(header::CONTENT_LENGTH, length.parse().unwrap());
+            }
+            rate_limit_budget(&h, now)
+        };
+        let bytes = r#""b";q=1000000;qu="content-bytes";w=60"#;
+        // 150,000 bytes left of 1,000,000 is not low in bytes, but in
+        // responses of 100,000 it is one left of ten: held for the whole
+        // reset (spread over one response).
+        assert_eq!(
+            budget(r#""b";r=150000;t=60"#, bytes, Some("100000")),
+            Some(Budget::Low(Duration::from_secs(60)))
+        );
+        // Less than one response left: spent.
+        assert_eq!(
+            budget(r#""b";r=99999;t=60"#, bytes, Some("100000")),
+            Some(Budget::Spent(Duration::from_secs(60)))
+        );
+        // Plenty of responses left.
+        assert_eq!(budget(r#""b";r=900000;t=60"#, bytes, Some("1000")), None);
+        // No length: only a spent budget holds.
+        assert_eq!(budget(r#""b";r=10;t=60"#, bytes, None), None);
+        assert_eq!(
+            budget(r#""b";r=0;t=60"#, bytes, None),
+            Some(Budget::Spent(Duration::from_secs(60)))
+        );
+        // A token works as well as a string; `requests` is the default.
+        let tokens = r#""b";q=10;qu=requests;w=60"#;
+        assert_eq!(
+            budget(r#""b";r=1;t=60"#, tokens, None),
+            Some(Budget::Low(Duration::from_secs(60)))
+        );
+        // Concurrency and unknown units are no budget in time.
+        for policy in [
+            r#""b";q=10;qu="concurrent-requests";w=60"#,
+            r#""b";q=10;qu="furlongs";w=60"#,
+            r#""b";q=10;qu=1;w=60"#,
+        ] {
+            assert_eq!(budget(r#""b";r=0;t=60"#, policy, None), None, "{policy}");
+        }
+    }
+
+    #[test]
+    fn concurrency_caps_are_read_from_their_policies() {
+        let cap = |policy: &str| rate_limit_concurrency(&headers(&[("ratelimit-policy", policy)]));
+        assert_eq!(
+            cap(r#""c";q=4;qu="concurrent-requests";w=10, "d";q=2;qu="concurrent-requests""#),
+            Some((2, Duration::from_secs(60)))
+        );
+        assert_eq!(
+            cap(r#""c";q=0;qu=concurrent-requests;w=5"#),
+            Some((1, Duration::from_secs(5)))
+        );
+        assert_eq!(cap(r#""c";q=4;w=10"#), None);
+        assert_eq!(cap(r#""c";qu="concurrent-requests";w=10"#), None);
+        assert_eq!(cap("not a list ("), None);
+        let mut stale = headers(&[("ratelimit-policy", r#""c";q=4;qu="concurrent-requests""#)]);
+        stale.insert(header::AGE, "3".parse().unwrap());
+        assert_eq!(rate_limit_concurrency(&stale), None);
     }
 
     #[test]

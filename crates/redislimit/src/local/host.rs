@@ -58,6 +58,9 @@ struct Rare {
     /// From when the response bytes charged so far fit in the host's
     /// `max_bytes_per_sec` (see [`HostState::charge`]).
     bytes_free: Option<Instant>,
+    /// A cap on requests in flight the host stated, and until when it
+    /// holds (see [`HostState::state_cap`]).
+    stated_cap: Option<(u32, Instant)>,
 }
 
 /// The quota records of a host that has none.
@@ -144,7 +147,7 @@ impl HostState {
 
     /// What a request of `weight` may do at `now`.
     pub(crate) fn decide(&self, now: Instant, pacing: &Pacing, weight: u32) -> Decision {
-        if !self.fits(pacing, weight) {
+        if !self.fits(now, pacing, weight) {
             return Decision::Full;
         }
         let at = self.next_send(pacing, weight);
@@ -156,8 +159,27 @@ impl HostState {
     }
 
     /// Whether `weight` more fit beside the requests in flight.
-    pub(crate) fn fits(&self, pacing: &Pacing, weight: u32) -> bool {
-        pacing.max_concurrent().saturating_sub(self.in_flight) >= weight
+    pub(crate) fn fits(&self, now: Instant, pacing: &Pacing, weight: u32) -> bool {
+        self.cap(now, pacing, weight).saturating_sub(self.in_flight) >= weight
+    }
+
+    /// The cap on requests in flight at `now` for a request of `weight`:
+    /// the pacing's, lowered by one the host stated while that holds; a
+    /// request heavier than the stated cap goes alone.
+    fn cap(&self, now: Instant, pacing: &Pacing, weight: u32) -> u32 {
+        let cap = pacing.max_concurrent();
+        match self.rare.as_ref().and_then(|r| r.stated_cap) {
+            Some((stated, until)) if until > now && stated < cap => stated.max(weight),
+            _ => cap,
+        }
+    }
+
+    /// Caps the host's requests in flight at `cap` (at least 1) until
+    /// `now + window`, as the host stated; the latest statement replaces
+    /// any earlier one. Never raises the pacing's own cap.
+    pub(crate) fn state_cap(&mut self, now: Instant, cap: u32, window: Duration) {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.rare_mut().stated_cap = Some((cap.max(1), after(now, window)));
     }
 
     /// The earliest a request with `ahead` others in line before it could
@@ -369,7 +391,13 @@ impl HostState {
             .admissions()
             .back()
             .map(|&last| after(last, pacing.window()));
-        Some(quota_free.map_or(self.ready_at, |q| q.max(self.ready_at)))
+        let stated = self
+            .rare
+            .as_ref()
+            .and_then(|r| r.stated_cap)
+            .map(|(_, until)| until);
+        let free = quota_free.map_or(self.ready_at, |q| q.max(self.ready_at));
+        Some(stated.map_or(free, |s| s.max(free)))
     }
 }
 
@@ -594,6 +622,36 @@ mod tests {
             Decision::WaitUntil(t0 + 1050 * MS)
         );
         assert_eq!(s.idle_at(&p), Some(t0 + 1050 * MS));
+    }
+
+    #[test]
+    fn a_stated_cap_lowers_the_pacing_s_until_it_lapses() {
+        let t0 = Instant::now();
+        let p = pacing(4, 0, 0, 0);
+        let mut s = HostState::new(t0);
+        s.state_cap(t0, 2, 1000 * MS);
+        s.admit(t0, &p, 1);
+        s.admit(t0, &p, 1);
+        assert_eq!(s.decide(t0, &p, 1), Decision::Full);
+        // A request heavier than the stated cap goes alone, not never.
+        assert!(!s.fits(t0, &p, 3));
+        s.end(1);
+        s.end(1);
+        assert!(s.fits(t0, &p, 3));
+        s.admit(t0, &p, 1);
+        s.admit(t0, &p, 1);
+        assert_eq!(s.idle_at(&p), None);
+        // Lapsed: the pacing's own cap again; a stated cap never raises it.
+        assert_eq!(s.decide(t0 + 1000 * MS, &p, 1), Decision::Admit);
+        s.state_cap(t0, 9, 1000 * MS);
+        s.admit(t0, &p, 1);
+        s.admit(t0, &p, 1);
+        assert_eq!(s.decide(t0, &p, 1), Decision::Full);
+        for _ in 0..4 {
+            s.end(1);
+        }
+        // Kept while it holds.
+        assert_eq!(s.idle_at(&p), Some(t0 + 1000 * MS));
     }
 
     #[test]

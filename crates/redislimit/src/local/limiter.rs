@@ -301,6 +301,21 @@ impl Limiter for DomainLimiter {
         }
     }
 
+    fn cap_host<'a>(
+        &'a self,
+        host: HostKey,
+        cap: u32,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            if let Some(lookup) = self.inner.policies.resolving(&host) {
+                lookup.await;
+            }
+            self.inner.state_cap(host, cap, window);
+            Ok(())
+        })
+    }
+
     #[allow(private_interfaces)]
     fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
         Some(self)

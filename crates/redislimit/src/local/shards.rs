@@ -287,6 +287,21 @@ impl Inner {
 }
 
 impl Inner {
+    /// Caps `host`'s requests in flight at `cap` for `window`, as it
+    /// stated (see [`HostState::state_cap`]).
+    pub(super) fn state_cap(self: &Arc<Self>, host: HostKey, cap: u32, window: Duration) {
+        let policy = self.policies.index(&host);
+        let host = self.policies.key(&host);
+        self.sweep.ensure_running(self);
+        let now = Instant::now();
+        let mut guard = lock(self.shard(&host));
+        let entry = guard.entry(&host, now, policy);
+        entry.state.state_cap(now, cap, window);
+        entry.wake_turns();
+        guard.settle(&host, &self.policies, &self.sweep);
+        tracing::debug!(host = %host, cap, window_s = window.as_secs(), "host stated a cap on requests in flight");
+    }
+
     /// Charges `bytes` of a response from `host` against its
     /// `max_bytes_per_sec` (see [`HostState::charge`]); nothing when the
     /// host's pacing counts no bytes.

@@ -299,16 +299,16 @@ impl Backend {
         self.observe(&keys.gate, adopted)
     }
 
-    /// penalize.lua on `gate`: a hold, or with `charge` a byte debt.
+    /// penalize.lua on `gate`: a hold, a byte debt or a stated cap.
     pub(super) async fn penalize(
         &self,
         gate: &str,
         hold_us: u64,
         lease_ttl_us: u64,
-        charge: bool,
+        kind: scripts::penalize::Kind,
     ) -> Result<(), CallError> {
         let penalized =
-            scripts::penalize::run(&self.redis, gate, hold_us, lease_ttl_us, charge).await;
+            scripts::penalize::run(&self.redis, gate, hold_us, lease_ttl_us, kind).await;
         self.observe(gate, penalized).map(drop)
     }
 

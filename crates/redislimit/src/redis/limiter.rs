@@ -295,6 +295,17 @@ impl Limiter for RedisLimiter {
             > 0
     }
 
+    /// Kept in Redis for every replica, in lease mode (serialized mode
+    /// sends one request at a time anyway).
+    fn cap_host<'a>(
+        &'a self,
+        host: HostKey,
+        cap: u32,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(ops::cap(&self.core, host, cap, window))
+    }
+
     /// The byte debt is kept in Redis, shared by every replica.
     fn charge_bytes<'a>(&'a self, host: HostKey, bytes: u64) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(ops::charge(&self.core, host, bytes))

@@ -13,6 +13,8 @@ use super::backend::CallError;
 use super::core::Core;
 use super::keys::RedisKeys;
 use super::scripts::backoff::Step;
+use super::scripts::penalize::Kind;
+use super::settings::Mode;
 use super::slots::{Booking, Ticket, new_token, permit};
 use crate::limiter::heaviest;
 use crate::pacing::after;
@@ -88,19 +90,33 @@ pub(super) async fn adopt(
 /// replica.
 pub(super) async fn penalize(core: &Core, host: HostKey, hold: Duration) -> Result<(), Error> {
     let cap = core.settings.policies.pacing_for(&host).max_penalty();
-    hold_back(core, host, hold.min(cap), false).await
+    hold_back(core, host, hold.min(cap), Kind::Hold).await
 }
 
 /// Charges `bytes` of a response from `host` to its byte debt in Redis, on
 /// every replica (see `Pacing::max_bytes_per_sec`).
 pub(super) async fn charge(core: &Core, host: HostKey, bytes: u64) -> Result<(), Error> {
     let cost = core.settings.policies.pacing_for(&host).bytes_cost(bytes);
-    hold_back(core, host, cost, true).await
+    hold_back(core, host, cost, Kind::Charge).await
 }
 
-/// One run of penalize.lua: a hold of `hold`, or with `charge` a byte
-/// debt grown by `hold`.
-async fn hold_back(core: &Core, host: HostKey, hold: Duration, charge: bool) -> Result<(), Error> {
+/// Caps `host`'s requests in flight at `cap` for `window`, on every
+/// replica (lease mode; serialized mode sends one at a time anyway).
+pub(super) async fn cap(
+    core: &Core,
+    host: HostKey,
+    cap: u32,
+    window: Duration,
+) -> Result<(), Error> {
+    let settings = &core.settings;
+    if settings.args[settings.policies.index(&host)].mode == Mode::Serialized {
+        return Ok(());
+    }
+    hold_back(core, host, window, Kind::Cap(cap)).await
+}
+
+/// One run of penalize.lua, as `kind` says, for `hold`.
+async fn hold_back(core: &Core, host: HostKey, hold: Duration, kind: Kind) -> Result<(), Error> {
     let settings = &core.settings;
     let hold_us = hold.as_micros().min(u128::from(crate::MAX_MICROS)) as u64;
     if hold_us == 0 {
@@ -116,11 +132,11 @@ async fn hold_back(core: &Core, host: HostKey, hold: Duration, charge: bool) -> 
     }
     match core
         .backend
-        .penalize(&keys.gate, hold_us, settings.lease_ttl_us, charge)
+        .penalize(&keys.gate, hold_us, settings.lease_ttl_us, kind)
         .await
     {
         Ok(()) => {
-            tracing::debug!(host = %host, hold_us, charge, "host held back");
+            tracing::debug!(host = %host, hold_us, ?kind, "host held back");
             Ok(())
         }
         Err(e) => {

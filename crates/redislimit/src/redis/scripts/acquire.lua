@@ -2,7 +2,8 @@
 --
 -- KEYS[1] gate   KEYS[2] leases   KEYS[3] admits   KEYS[4] void
 -- KEYS[5] waiting   (what each holds: "Keys in Redis" in docs/DESIGN.md)
--- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized)
+-- ARGV[1] token   ARGV[2] min_delay   ARGV[3] cluster_concurrency (0 = serialized;
+--         lowered while the gate holds a cap the host stated, see penalize.lua)
 -- ARGV[4] lease_ttl   ARGV[5] quota (0 = off)   ARGV[6] window   ARGV[7] max_wait
 -- ARGV[8] weight: slots of the cap and units of the quota it takes (1 in
 --         serialized mode)
@@ -76,10 +77,16 @@ local now = clock()
 -- Everything this script decides on is read (and checked) before anything
 -- is written; the only writes before the check drop expired entries.
 local ok_void, voided = pcall(redis.call, 'ZSCORE', void, token)
-local ok, state = pcall(redis.call, 'HMGET', gate, 'next', 'holder', 'busy')
+local ok, state = pcall(redis.call, 'HMGET', gate, 'next', 'holder', 'busy', 'cap', 'cap_until')
 local nxt, holder, busy
 if ok then
   nxt, holder, busy = number(state[1]), state[2], number(state[3])
+  -- A cap the host stated (penalize.lua's cap mode) lowers the configured
+  -- one until it lapses; a request heavier than it goes alone.
+  local stated, stated_until = tonumber(state[4]), tonumber(state[5])
+  if cap ~= 0 and stated and stated_until and stated_until > now and stated < cap then
+    cap = math.max(stated, weight)
+  end
 end
 -- Anything but garbage (out of memory, say) is raised, not healed.
 local err = (not ok_void and voided) or (not ok and state) or nil
