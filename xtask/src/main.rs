@@ -209,6 +209,22 @@ fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
         ]),
     )?;
 
+    // The docs before the tests: a broken link fails in a minute, not
+    // after the whole suite.
+    step(
+        "doc",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    // What docs.rs builds for a dependent that keeps the defaults.
+    step(
+        "doc of the core with its default features",
+        cargo()
+            .args(["doc", "-p", "redislimit", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+
     let mut cargo_test = cargo();
     cargo_test.args(["test", "--workspace"]).args(cargo_args);
     if !test_args.is_empty() {
@@ -255,19 +271,6 @@ fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
         println!("(a filtered run: the Redis tests are not run against Valkey again)");
     }
 
-    step(
-        "doc",
-        cargo()
-            .args(["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )?;
-    // What docs.rs builds for a dependent that keeps the defaults.
-    step(
-        "doc of the core with its default features",
-        cargo()
-            .args(["doc", "-p", "redislimit", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )?;
     println!("==> all steps passed");
     // The last line: the totals over every test binary and doctest run.
     println!("tests: {} passed, {} failed", tally.passed, tally.failed);
