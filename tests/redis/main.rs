@@ -15,6 +15,7 @@ mod faults;
 mod garbage;
 mod lateness;
 mod leases;
+mod live;
 mod misconfig;
 mod modes;
 mod policies;

@@ -217,8 +217,9 @@ pub struct Args {
     /// `*.example.com` for the hosts below it) and any of `min_delay`,
     /// `max_concurrent`, `cluster_concurrency`, `quota`, `window`,
     /// `jitter`, `max_penalty`, `max_bytes_per_sec` (durations as "250ms",
-    /// byte rates as "200KiB"). Without `[default]`
-    /// the flags form the default; a rule changes only what it names.
+    /// byte rates as "200KiB"). Without `[default]` the flags form the
+    /// default; a rule changes only what it names. With Redis, a policy
+    /// published to the scope (`crawl policy push`) takes its place.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
     /// What one paced host is: `host` (the default), `domain` (the

@@ -20,6 +20,55 @@ pub enum Command {
         #[arg(long, default_value = "domain")]
         scope: String,
     },
+    /// The policies every replica of a scope paces with, published in
+    /// Redis (`crawl policy push FILE --redis URL`).
+    Policy {
+        /// What to do with them.
+        #[command(subcommand)]
+        action: PolicyCommand,
+    },
+}
+
+/// `crawl policy ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum PolicyCommand {
+    /// Publish the policy file FILE (as `--policy` reads it) to the scope:
+    /// every replica started with `--redis` paces with it within a quarter
+    /// of its `--lease-ttl`, keeping each host's state, and replicas
+    /// started later take it instead of their own `--policy` and flags.
+    /// Settings FILE does not name take the crawl's defaults (not the
+    /// replicas' flags). A file the replicas would refuse is refused here,
+    /// and nothing is published. Prints the version published.
+    Push {
+        /// The policy file (TOML).
+        file: PathBuf,
+        /// The replicas' Redis (`redis://` or `rediss://`).
+        #[arg(long, value_name = "URL")]
+        redis: String,
+        /// The replicas' `--scope`.
+        #[arg(long, default_value = "domain")]
+        scope: String,
+        /// The replicas' `--cluster-concurrency` (for the hosts no rule
+        /// gives one).
+        #[arg(long, default_value = "0")]
+        cluster_concurrency: String,
+        /// The replicas' `--lease-ttl`.
+        #[arg(long, default_value = "30s")]
+        lease_ttl: String,
+        /// How the published policies key hosts (`host`, `domain`,
+        /// `host-port`, `ip`).
+        #[arg(long, default_value = "host")]
+        key_by: String,
+    },
+    /// Print the version and text of the policies published to the scope.
+    Show {
+        /// The replicas' Redis (`redis://` or `rediss://`).
+        #[arg(long, value_name = "URL")]
+        redis: String,
+        /// The replicas' `--scope`.
+        #[arg(long, default_value = "domain")]
+        scope: String,
+    },
 }
 
 impl Command {
@@ -31,6 +80,12 @@ impl Command {
             #[cfg(not(feature = "redis"))]
             Self::Enqueue { .. } => {
                 anyhow::bail!("enqueue needs the crawl built with its `redis` feature")
+            }
+            #[cfg(feature = "redis")]
+            Self::Policy { action } => crate::shared::policy(action).await,
+            #[cfg(not(feature = "redis"))]
+            Self::Policy { .. } => {
+                anyhow::bail!("policy needs the crawl built with its `redis` feature")
             }
         }
     }

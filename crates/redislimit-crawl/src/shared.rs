@@ -1,14 +1,14 @@
 //! Pacing shared through Redis (feature `redis`): the Redis-backed limiter
-//! the flags describe, with its in-process fallback.
+//! the flags describe, with its in-process fallback, following the policies
+//! published to its scope; and `crawl policy`, which publishes them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, bail};
 use redislimit::error::Causes;
-use redislimit::{
-    FallbackLimiter, Hooks, Policies, RedisLimiter, RedisPool, RedisTimeouts, Tuning,
-};
+use redislimit::hooks::NoHooks;
+use redislimit::{Hooks, Policies, RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 
 use super::args::Args;
 use super::policy_file::Settings;
@@ -25,28 +25,28 @@ impl Args {
         policies: Policies,
         hooks: Arc<dyn Hooks>,
     ) -> anyhow::Result<Pacer> {
-        let pool = self.redis_pool()?;
-        let mut builder = RedisLimiter::builder(pool, self.scope.clone());
-        if let Some(n) = self.expected_replicas {
-            builder = builder.expected_replicas(n);
-        }
         let keys = policies.clone();
-        let limiter = builder
-            .policies(policies)
-            .hooks(hooks)
-            .cluster_concurrency(default.cluster_concurrency)
-            .lease_ttl(self.lease_ttl)
-            .tuning(
-                Tuning::default()
-                    .with_slot_margin(self.slot_margin)
-                    .with_max_lateness(self.max_lateness)
-                    .with_book_ahead(self.book_ahead),
-            )
-            .fallback_policy(self.fallback.into())
-            .build()?;
-        match limiter.ping().await {
-            // Refuse to start beside replicas that pace this scope otherwise.
-            Ok(()) => limiter.check_config().await?,
+        let limiter = self.redis_limiter(default, policies, hooks)?;
+        let robots = limiter.shared_cache("robots");
+        let live = limiter.with_fallback().live();
+        match live.redis().ping().await {
+            // Pace with the policies published to the scope, if any; and
+            // refuse to start beside replicas that pace it otherwise.
+            Ok(()) => {
+                match live.refresh().await {
+                    Ok(0) => {}
+                    Ok(version) => tracing::info!(
+                        version,
+                        "policies were published to the scope: pacing with them, not with \
+                         --policy and the pacing flags"
+                    ),
+                    Err(err) if err.is_unavailable() && self.expected_replicas.is_some() => {
+                        tracing::warn!(error = %Causes(&err), "cannot read the published policies yet");
+                    }
+                    Err(err) => return Err(err).context("cannot pace with the published policies"),
+                }
+                live.redis().check_config().await?;
+            }
             Err(err) if err.is_unavailable() => match self.expected_replicas {
                 Some(n) => tracing::warn!(
                     error = %Causes(&err),
@@ -64,8 +64,7 @@ impl Args {
             // Redis, TLS to a plain port): no waiting mends it.
             Err(err) => return Err(err.into()),
         }
-        let robots = limiter.shared_cache("robots");
-        let limiter: Arc<FallbackLimiter<RedisLimiter>> = Arc::new(limiter.with_fallback());
+        let limiter = Arc::new(live);
         let probe = Arc::clone(&limiter);
         let seen = std::sync::atomic::AtomicU64::new(0);
         Ok(Pacer {
@@ -76,9 +75,12 @@ impl Args {
             // went without it (a Cluster with one master away paces only
             // that master's hosts in-process).
             mode: Arc::new(move || {
-                let alone = probe.in_process_admissions();
+                let Some(fallback) = probe.fallback() else {
+                    return "shared through Redis".to_owned();
+                };
+                let alone = fallback.in_process_admissions();
                 let since = alone.saturating_sub(seen.swap(alone, Ordering::Relaxed));
-                match (since, probe.is_degraded()) {
+                match (since, fallback.is_degraded()) {
                     (0, false) => "shared through Redis".to_owned(),
                     (0, true) => "in-process (Redis unavailable)".to_owned(),
                     (n, true) => {
@@ -91,6 +93,32 @@ impl Args {
                 }
             }),
         })
+    }
+
+    /// The Redis limiter the flags describe, with `policies`.
+    fn redis_limiter(
+        &self,
+        default: &Settings,
+        policies: Policies,
+        hooks: Arc<dyn Hooks>,
+    ) -> anyhow::Result<RedisLimiter> {
+        let mut builder = RedisLimiter::builder(self.redis_pool()?, self.scope.clone());
+        if let Some(n) = self.expected_replicas {
+            builder = builder.expected_replicas(n);
+        }
+        Ok(builder
+            .policies(policies)
+            .hooks(hooks)
+            .cluster_concurrency(default.cluster_concurrency)
+            .lease_ttl(self.lease_ttl)
+            .tuning(
+                Tuning::default()
+                    .with_slot_margin(self.slot_margin)
+                    .with_max_lateness(self.max_lateness)
+                    .with_book_ahead(self.book_ahead),
+            )
+            .fallback_policy(self.fallback.into())
+            .build()?)
     }
 
     /// The Redis pool the flags name (`--redis-ca` for TLS with a CA of
@@ -128,4 +156,81 @@ impl Args {
             None => RedisPool::cluster(&nodes, timeouts)?,
         })
     }
+}
+
+/// `crawl policy push` and `crawl policy show`.
+pub(crate) async fn policy(action: crate::PolicyCommand) -> anyhow::Result<()> {
+    use crate::PolicyCommand;
+    // The replicas' own command line, so that the file is read and the
+    // limiter built exactly as theirs are.
+    let (file, redis, scope, flags) = match action {
+        PolicyCommand::Push {
+            file,
+            redis,
+            scope,
+            cluster_concurrency,
+            lease_ttl,
+            key_by,
+        } => (
+            Some(file),
+            redis,
+            scope,
+            vec![
+                "--cluster-concurrency".to_owned(),
+                cluster_concurrency,
+                "--lease-ttl".to_owned(),
+                lease_ttl,
+                "--key-by".to_owned(),
+                key_by,
+            ],
+        ),
+        PolicyCommand::Show { redis, scope } => (None, redis, scope, Vec::new()),
+    };
+    let mut line = vec![
+        "crawl".to_owned(),
+        "--redis".to_owned(),
+        redis,
+        "--scope".to_owned(),
+        scope,
+    ];
+    line.extend(flags);
+    if let Some(file) = &file {
+        line.push("--policy".to_owned());
+        line.push(file.display().to_string());
+    }
+    let args = <Args as clap::Parser>::try_parse_from(line)?;
+    let (default, policies) = args.policies()?;
+    let limiter = args.redis_limiter(&default, policies.clone(), Arc::new(NoHooks))?;
+    limiter.ping().await.context("Redis does not answer")?;
+    if file.is_some() {
+        let version = limiter.publish_policies(&policies).await?;
+        println!("published version {version} to scope {:?}", args.scope);
+        return Ok(());
+    }
+    match limiter.published_policies().await? {
+        Some((version, policies)) => {
+            println!("version {version}");
+            print!("{}", describe(&policies));
+        }
+        None => println!("no policies are published to scope {:?}", args.scope),
+    }
+    Ok(())
+}
+
+/// The policies, a line each for the default and every rule.
+fn describe(policies: &Policies) -> String {
+    let mut text = format!(
+        "key_by {}\ndefault {:?}\n",
+        policies.key_by().as_str(),
+        policies.default_pacing()
+    );
+    for rule in policies.rules() {
+        text.push_str(&format!(
+            "rule {} cluster_concurrency={:?} {:?}\n",
+            rule.pattern(),
+            rule.cluster_concurrency(),
+            rule.pacing()
+        ));
+    }
+    text
 }

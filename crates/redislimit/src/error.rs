@@ -206,6 +206,9 @@ pub enum Op {
     /// Reading or keeping a value shared by the replicas
     /// (`SharedCache`).
     Shared,
+    /// Publishing policies to the scope, or reading them back
+    /// (`LiveLimiter`).
+    Policies,
 }
 
 impl Op {
@@ -219,6 +222,7 @@ impl Op {
             Self::Ping => "ping",
             Self::Close => "close",
             Self::Shared => "shared",
+            Self::Policies => "policies",
         }
     }
 }
@@ -308,6 +312,14 @@ pub enum ConfigError {
         rule: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// Published policies (see `RedisLimiter::publish_policies`) that
+    /// cannot be read back: not written by this crate, written by a
+    /// version that knows settings this one does not, or altered.
+    #[error("the published policies cannot be read: {reason}")]
+    InvalidPublished {
+        /// What is wrong with them.
+        reason: String,
     },
     /// A Redis key prefix or scope that could break the key layout.
     #[error("{field} {value:?} is not a valid name: use 1 to 64 ASCII letters, digits or -_.:/")]

@@ -97,6 +97,12 @@ pub trait Hooks: Send + Sync + fmt::Debug {
         let _ = active;
     }
 
+    /// A limiter following the policies published to its scope
+    /// (`LiveLimiter`) paces with `version` of them from now on.
+    fn on_policy_version(&self, version: u64) {
+        let _ = version;
+    }
+
     /// A lease in Redis lapsed before its renewal: the slot at `key` may
     /// have been taken by another request (also reported to `on_error`).
     fn on_lease_lost(&self, key: &str) {

@@ -22,7 +22,10 @@
 //!   share them), and requests sent during the outage count in Redis once
 //!   it is back.
 //! - Replicas of one scope must agree on the settings that decide
-//!   admission ([`RedisLimiter::check_config`], [`Error::ConfigMismatch`]).
+//!   admission ([`RedisLimiter::check_config`], [`Error::ConfigMismatch`]);
+//!   policies published to the scope ([`RedisLimiter::publish_policies`])
+//!   are followed by every [`LiveLimiter`] while it runs, each host's
+//!   state kept.
 //! - Redis over TLS (feature `tls-rustls`, rustls with ring): `rediss://`
 //!   URLs trust the system's certificates; `RedisTls` and
 //!   `RedisPool::standalone_tls` / `cluster_tls` trust your own CA
@@ -91,7 +94,7 @@ pub use self::metrics::MetricsHooks;
 #[cfg(feature = "tls-rustls")]
 pub use self::redis::RedisTls;
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisLimiter, RedisPool, RedisTimeouts, Tuning};
+pub use self::redis::{LiveLimiter, RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 pub use self::{
     address::{AddressResolver, DEFAULT_ADDRESS_TTL, Resolved, SystemResolver},
     error::{ConfigError, Error, Misconfiguration, Op},

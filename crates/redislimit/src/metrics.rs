@@ -21,6 +21,7 @@ use crate::{Error, Hooks, HostKey, Op, WaitOutcome};
 /// | `redislimit_leases_lost_total` | counter | | leases that lapsed before their renewal |
 /// | `redislimit_late_admissions_total` | counter | `outcome` | admissions that reached their caller later than `max_lateness`: `handed_back` (asked for again) or `sent` (within the room kept for this process's lateness) |
 /// | `redislimit_fallback_active` | gauge | | 1 while a fallback limiter paces in process, 0 otherwise (0 from the start) |
+/// | `redislimit_policy_version` | gauge | | the version of the policies published to the scope that a `LiveLimiter` paces with (0: none published) |
 ///
 /// [`new`](Self::new) describes every metric to the recorder installed at
 /// that moment (the `# HELP` lines of a Prometheus page), with its unit,
@@ -141,6 +142,11 @@ fn describe() {
         Unit::Count,
         "1 while a fallback limiter paces in process, 0 otherwise"
     );
+    describe_gauge!(
+        "redislimit_policy_version",
+        Unit::Count,
+        "The version of the published policies a live limiter paces with (0: none published)"
+    );
     // Registered, so it is on the page from the start (at 0), without
     // setting it: hooks built while a fallback is active leave it at 1.
     let _ = metrics::gauge!("redislimit_fallback_active");
@@ -202,5 +208,9 @@ impl Hooks for MetricsHooks {
 
     fn on_fallback(&self, active: bool) {
         metrics::gauge!("redislimit_fallback_active").set(if active { 1.0 } else { 0.0 });
+    }
+
+    fn on_policy_version(&self, version: u64) {
+        metrics::gauge!("redislimit_policy_version").set(version as f64);
     }
 }

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use crate::address::{AddressBook, SharedBook};
 use crate::{AddressResolver, BoxFuture, ConfigError, HostKey, Pacing, SystemResolver};
 
+#[cfg(feature = "redis")]
+mod record;
+
 type RuleMap = HashMap<Box<str>, usize, foldhash::fast::RandomState>;
 
 /// What the state a request is paced against is kept under: its key.

@@ -21,6 +21,7 @@ mod keys;
 mod lateness;
 mod lifecycle;
 mod limiter;
+mod live;
 mod misconfig;
 mod ops;
 mod pause;
@@ -39,6 +40,7 @@ mod tuning;
 
 pub use self::builder::RedisLimiterBuilder;
 pub use self::limiter::RedisLimiter;
+pub use self::live::LiveLimiter;
 pub use self::pool::{RedisPool, RedisTimeouts};
 pub use self::queue::{QueueItem, SharedQueue};
 pub use self::shared::{Cached, Fresh, SharedCache};

@@ -56,6 +56,10 @@ pub struct Snapshot {
     pub queued: usize,
     /// Requests in flight (by weight), over every host.
     pub in_flight: usize,
+    /// The version of the policies published to the scope in force, for
+    /// a limiter that follows them (`LiveLimiter`); `None` otherwise, or
+    /// while none is published.
+    pub policy_version: Option<u64>,
 }
 
 impl Snapshot {

@@ -12,6 +12,7 @@ mod failover;
 mod faults;
 mod lateness;
 mod lifecycle;
+mod live;
 mod metrics;
 mod modes;
 mod nginx;

@@ -184,6 +184,7 @@ fn merge(top: usize, local: &Snapshot, mut shared: Snapshot) -> Snapshot {
         active_hosts: local.active_hosts.max(shared.active_hosts),
         queued: local.queued + shared.queued,
         in_flight: shared.in_flight,
+        policy_version: shared.policy_version,
     }
 }
 

@@ -241,6 +241,7 @@ impl DomainLimiter {
             active_hosts,
             queued,
             in_flight,
+            policy_version: None,
         }
     }
 }

@@ -26,7 +26,10 @@
 //! in-process `max_concurrent`, jitter, retry intervals, the fallback. The
 //! record is a line of `name=value` fields; a field added later is written
 //! only when it differs from its default, so replicas that do not use a
-//! new setting keep agreeing with those that do not know it.
+//! new setting keep agreeing with those that do not know it. Settings read
+//! from policies published to the scope end in ` policy=N`, their version:
+//! a newer version takes the record over, an older one yields (see
+//! `live.rs` and agree.lua).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -89,6 +92,7 @@ impl Agreement {
         policies: &Policies,
         mode: impl Fn(usize) -> Mode,
         lease_ttl: Duration,
+        policy_version: u64,
     ) -> Self {
         let describe = |i: usize| {
             let pacing = policies.at(i);
@@ -128,6 +132,11 @@ impl Agreement {
             let digest = Sha256::digest(text.as_bytes());
             let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
             settings.push_str(&format!(" rules={}:{hex}", policies.rules().len()));
+        }
+        // Last, and only for published policies: agree.lua reads it there
+        // (a newer version takes the record over, an older one yields).
+        if policy_version > 0 {
+            settings.push_str(&format!(" policy={policy_version}"));
         }
         let longest = (0..policies.len())
             .map(|i| {

@@ -36,6 +36,27 @@ impl RedisLimiter {
             hooks: Arc::new(NoHooks),
             fallback_policy: FallbackPolicy::default(),
             expected_replicas: 1,
+            policy_version: 0,
+        }
+    }
+
+    /// A builder of a limiter like this one (its pool, scope, hooks and
+    /// settings) with `policies`, published to the scope as `version`
+    /// (see `LiveLimiter`).
+    pub(super) fn rebuilder(&self, policies: Policies, version: u64) -> RedisLimiterBuilder {
+        let s = &self.core.settings;
+        RedisLimiterBuilder {
+            pool: self.core.backend.pool().clone(),
+            prefix: s.prefix.clone(),
+            scope: s.scope.clone(),
+            policies,
+            cluster_concurrency: s.cluster_concurrency,
+            lease_ttl: s.lease_ttl,
+            tuning: s.tuning,
+            hooks: Arc::clone(&self.core.hooks),
+            fallback_policy: s.fallback_policy,
+            expected_replicas: s.expected_replicas,
+            policy_version: version,
         }
     }
 }
@@ -53,6 +74,7 @@ pub struct RedisLimiterBuilder {
     hooks: Arc<dyn Hooks>,
     fallback_policy: FallbackPolicy,
     expected_replicas: u32,
+    policy_version: u64,
 }
 
 impl fmt::Debug for RedisLimiterBuilder {
@@ -158,12 +180,13 @@ impl RedisLimiterBuilder {
                 min: RedisLimiter::MIN_LEASE_TTL,
             });
         }
+        let tuning = self.tuning;
         let Tuning {
             concurrency_retry,
             book_ahead,
             slot_margin,
             max_lateness,
-        } = self.tuning;
+        } = tuning;
         let concurrency_retry = concurrency_retry.unwrap_or_else(|| {
             let min_delay = self.policies.default_pacing().min_delay();
             if min_delay.is_zero() {
@@ -275,6 +298,7 @@ impl RedisLimiterBuilder {
             &policies,
             |i| args[i].mode,
             self.lease_ttl,
+            self.policy_version,
         ));
         let registry = Arc::new(Registry::new(&self.prefix, &self.scope, self.lease_ttl));
         let settings = Settings {
@@ -291,6 +315,8 @@ impl RedisLimiterBuilder {
             fallback_policy: self.fallback_policy,
             expected_replicas: self.expected_replicas,
             args,
+            tuning,
+            policy_version: self.policy_version,
         };
         let core = Core {
             settings: Arc::new(settings),

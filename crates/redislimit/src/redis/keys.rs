@@ -55,6 +55,12 @@ impl RedisKeys {
         format!("{}:since", Self::config(prefix, scope))
     }
 
+    /// The HASH of the policies published to `scope` under `prefix`
+    /// (`version`, `text`), under the hash tag of [`config`](Self::config).
+    pub(crate) fn policy(prefix: &str, scope: &str) -> String {
+        format!("{}:policy", Self::config(prefix, scope))
+    }
+
     /// The registry of the replicas of `scope` under `prefix` (a ZSET of
     /// replica id to expiry), under a hash tag of its own.
     pub(crate) fn replicas(prefix: &str, scope: &str) -> String {

@@ -241,6 +241,7 @@ pub(super) fn snapshot(core: &Core, top: usize) -> Snapshot {
         active_hosts,
         queued: queued + asking_total,
         in_flight: admitted.saturating_sub(asking_total),
+        policy_version: None,
     }
 }
 

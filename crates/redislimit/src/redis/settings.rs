@@ -142,6 +142,12 @@ pub(super) struct Settings {
     pub(super) expected_replicas: u32,
     /// The script arguments of each policy (see [`Policies::index`]).
     pub(super) args: Box<[Args]>,
+    /// The timing as given (the concurrency retry unresolved), for a
+    /// limiter rebuilt with other policies.
+    pub(super) tuning: crate::redis::Tuning,
+    /// The version of the policies published to the scope these are; 0
+    /// when they were not read from there.
+    pub(super) policy_version: u64,
 }
 
 impl Settings {

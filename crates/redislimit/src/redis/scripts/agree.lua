@@ -22,6 +22,10 @@
 -- flush) while this replica was live: it is put back, so that the replica
 -- started meanwhile is refused, not those already running. A value of the
 -- wrong type is replaced: it cannot name a configuration.
+-- Settings of policies published to the scope end in ` policy=N`, their
+-- version (none: 0): a newer version takes the record over from an older
+-- one (its replicas follow it), and an older one never puts itself back
+-- over a newer one.
 local key, since_key = KEYS[1], KEYS[2]
 local mine, ttl, claim, extend = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local ok, current = pcall(redis.call, 'GET', key)
@@ -36,8 +40,14 @@ if not ok then
   current = nil
 end
 local back = 0
+local function version(settings)
+  return tonumber(string.match(settings, ' policy=(%d+)$') or '0') or 0
+end
 if current and current ~= mine then
-  if claim > 0 and since and since > claim then
+  local ours, theirs = version(mine), version(current)
+  if ours > theirs then
+    since = clock()
+  elseif ours == theirs and claim > 0 and since and since > claim then
     since, back = claim, 1
   else
     return {0, current}

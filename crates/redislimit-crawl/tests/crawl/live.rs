@@ -1,0 +1,122 @@
+//! Live shared policies: `crawl policy push` mid-crawl. Three replicas
+//! sharing Redis pace one host at 400 ms; a policy of 100 ms is pushed;
+//! the upstream sees every replica on the new gap within one `lease_ttl`,
+//! and no gap shorter than the smaller of the two at the switch. A replica
+//! started afterwards with the old flags takes the published policy
+//! instead of being refused. A file the replicas would refuse is refused
+//! by the push, and nothing is published.
+
+use std::time::{Duration, Instant};
+
+use redislimit_tests::record::assert_serialized;
+use redislimit_tests::{RedisServer, Upstream};
+
+use crate::{MS, crawl_binary, exit, finish, spawn, spawn_all, tempdir, urls};
+
+const HOST: &str = "a.test";
+const LEASE_TTL: &str = "1s";
+const OLD: Duration = Duration::from_millis(400);
+const NEW: Duration = Duration::from_millis(100);
+
+/// Runs `crawl policy push FILE` against `redis`: its exit code and stderr.
+fn push(redis: &str, file: &std::path::Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(crawl_binary())
+        .args(["policy", "push"])
+        .arg(file)
+        .args(["--redis", redis, "--lease-ttl", LEASE_TTL])
+        .output()
+        .expect("run crawl policy push");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_pushed_mid_crawl_reaches_every_replica_within_a_lease_ttl() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let redis = server.url();
+
+    // Refused before it is published: a pattern that is not a host.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[rule]]\nmatch = \"not a host!\"\nmin_delay = \"1s\"\n",
+    )
+    .unwrap();
+    let (code, said) = push(&redis, &bad);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("not a host!"), "{said}");
+
+    let list = urls(&upstream, &[HOST], 36, "/");
+    let old = format!("{}ms", OLD.as_millis());
+    let args = [
+        "--redis",
+        &redis,
+        "--min-delay",
+        &old,
+        "--lease-ttl",
+        LEASE_TTL,
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        format!("[default]\nmin_delay = \"{}ms\"\n", NEW.as_millis()),
+    )
+    .unwrap();
+    let (code, said) = push(&redis, &file);
+    let pushed = Instant::now();
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("published version 1"), "{said}");
+
+    // A replica started now with the old flags follows the published policy.
+    let late_urls = urls(&upstream, &["b.test"], 3, "/");
+    let late = spawn(dir.path(), 3, &upstream, &late_urls, &args);
+    finish(replicas).await;
+    let (code, said) = exit(late).await;
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("policies were published to the scope"),
+        "{said}"
+    );
+
+    let seen = upstream.recorder().host(HOST);
+    assert_eq!(seen.len(), 36);
+    // No gap below the smaller of the two policies', at the switch or
+    // anywhere (less the arrival stamps' jitter).
+    assert_serialized(&seen, NEW - 5 * MS);
+    // Before the push: the old gap (the test could tell them apart).
+    let before: Vec<_> = seen.iter().filter(|r| r.send < pushed).cloned().collect();
+    assert!(before.len() >= 3, "{before:?}");
+    assert_serialized(&before, OLD - 5 * MS);
+    // One lease TTL after it: every replica on the new gap.
+    let settled = pushed + Duration::from_secs(1);
+    let after: Vec<_> = seen
+        .windows(2)
+        .filter(|w| w[1].send >= settled)
+        .map(|w| (w[1].replica, w[1].send - w[0].end))
+        .collect();
+    for replica in 0..3 {
+        assert!(
+            after.iter().any(|(r, _)| *r == replica),
+            "replica {replica} sent nothing after the switch: {after:?}"
+        );
+    }
+    let slow: Vec<_> = after
+        .iter()
+        .filter(|(_, gap)| *gap >= OLD - 100 * MS)
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "{} sends one lease TTL after the push still at the old gap: {slow:?}",
+        slow.len()
+    );
+}

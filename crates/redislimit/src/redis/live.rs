@@ -1,0 +1,519 @@
+//! Live shared policies: policies published to a scope with a version
+//! ([`RedisLimiter::publish_policies`]), and a limiter that follows them
+//! ([`LiveLimiter`]) without a restart and without losing any host's state.
+//!
+//! A host's state (next send, leases, quota, penalties, backoff, bytes)
+//! lives in Redis under keys that depend on the scope and the host only, so
+//! a limiter rebuilt with other policies over the same scope takes it as it
+//! is: the switch changes how the next admission is decided, nothing else.
+//! Acquires still waiting at a switch are dropped (which books nothing)
+//! and ask again under the new policies; permits granted before it release
+//! through the limiter that granted them. So at a switch no gap is shorter
+//! than the smaller of the two policies' gaps, and one request in flight
+//! per slot at most is followed by the old gap.
+//!
+//! The scope's configuration record names the version (` policy=N`): a
+//! replica that switched takes the record over from the older version, one
+//! still on the older version is refused by it (and a `LiveLimiter` then
+//! switches at once and asks again), and one on a newer version is never
+//! displaced by an older one.
+
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use deadpool_redis::redis::{Value, cmd};
+use tokio::time::Instant;
+
+use super::keys::RedisKeys;
+use super::limiter::RedisLimiter;
+use crate::limiter::sealed::{Coordination, Token};
+use crate::limiter::{BackoffStep, coordination};
+use crate::{
+    BoxFuture, ConfigError, Error, FallbackLimiter, HostKey, Limiter, Op, Permit, Policies,
+    RequestPacing, Snapshot,
+};
+
+/// Publishes: the version goes up by one, past any version the scope's
+/// configuration record names (a policy key deleted by hand restarts at
+/// no older version than the replicas run).
+const PUBLISH: &str = r"
+local seen = 0
+local ok, record = pcall(redis.call, 'GET', KEYS[2])
+if ok and type(record) == 'string' then
+  seen = tonumber(string.match(record, ' policy=(%d+)$') or '0') or 0
+end
+local ok2, kept = pcall(redis.call, 'HGET', KEYS[1], 'version')
+if not ok2 then
+  redis.call('DEL', KEYS[1])
+  kept = nil
+end
+local version = math.max(tonumber(kept or '0') or 0, seen) + 1
+redis.call('HSET', KEYS[1], 'version', version, 'text', ARGV[1])
+return version
+";
+
+impl RedisLimiter {
+    /// Publishes `policies` to this limiter's scope, as the next version:
+    /// every [`LiveLimiter`] of the scope paces with them within a quarter
+    /// of its `lease_ttl` (plus a call to Redis), keeping each host's state.
+    /// Returns the version.
+    ///
+    /// They are refused first, and nothing is published, when this
+    /// limiter's builder would refuse them (the scope's own settings, such
+    /// as `cluster_concurrency`, are this limiter's): an error
+    /// [`Error::InvalidConfig`] naming the rule. The replicas compare what
+    /// they then admit with as before (see
+    /// [`check_config`](Self::check_config)): one whose own settings differ
+    /// from the publisher's is refused, naming both.
+    pub async fn publish_policies(&self, policies: &Policies) -> Result<u64, Error> {
+        self.rebuilder(policies.clone(), 1).build()?;
+        let settings = &self.core.settings;
+        let key = RedisKeys::policy(&settings.prefix, &settings.scope);
+        let mut publish = cmd("EVAL");
+        publish
+            .arg(PUBLISH)
+            .arg(2)
+            .arg(&key)
+            .arg(RedisKeys::config(&settings.prefix, &settings.scope))
+            .arg(policies.to_record());
+        self.core
+            .backend
+            .command::<u64>(&key, &publish)
+            .await
+            .map_err(|e| e.into_error(Op::Policies))
+    }
+
+    /// The policies published to this limiter's scope, with their version;
+    /// `None` when none are. Policies that cannot be read back (written by
+    /// a newer version of this crate, or by something else) are
+    /// [`Error::InvalidConfig`] with [`ConfigError::InvalidPublished`].
+    pub async fn published_policies(&self) -> Result<Option<(u64, Policies)>, Error> {
+        let settings = &self.core.settings;
+        let key = RedisKeys::policy(&settings.prefix, &settings.scope);
+        let mut get = cmd("HMGET");
+        get.arg(&key).arg("version").arg("text");
+        let reply = self.core.backend.command::<Value>(&key, &get).await;
+        let bad = |reason: &str| {
+            Error::from(ConfigError::InvalidPublished {
+                reason: reason.to_owned(),
+            })
+        };
+        let fields = match reply {
+            Ok(Value::Array(fields)) => fields,
+            Ok(_) => return Err(bad("Redis answered HMGET with something else")),
+            Err(e) => {
+                let err = e.into_error(Op::Policies);
+                return Err(if err.is_unavailable() {
+                    err
+                } else {
+                    bad(&format!("{key} is not a hash of policies: {err}"))
+                });
+            }
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+            _ => None,
+        };
+        match fields.as_slice() {
+            [Value::Nil, Value::Nil] => Ok(None),
+            [version, body] => {
+                let version = text(version)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| bad("its version is not a positive whole number"))?;
+                let body = text(body).ok_or_else(|| bad("it has no text"))?;
+                Ok(Some((version, Policies::from_record(&body)?)))
+            }
+            _ => Err(bad("Redis answered HMGET with another number of fields")),
+        }
+    }
+
+    /// This limiter, following the policies published to its scope (see
+    /// [`LiveLimiter`]).
+    pub fn live(self) -> LiveLimiter {
+        LiveLimiter::new(self, false)
+    }
+}
+
+impl FallbackLimiter<RedisLimiter> {
+    /// This limiter and its fallback, following the policies published to
+    /// the scope (see [`LiveLimiter`]): each version gets a fallback made
+    /// as this one was ([`RedisLimiter::with_fallback`]).
+    pub fn live(self) -> LiveLimiter {
+        LiveLimiter::new(self.primary().clone(), true)
+    }
+}
+
+/// A Redis limiter (with its fallback, if it had one) that follows the
+/// policies published to its scope ([`RedisLimiter::publish_policies`]),
+/// from [`RedisLimiter::live`] or [`FallbackLimiter::live`].
+///
+/// It paces with the policies it was built with until some are
+/// published, then with the latest version: it looks every quarter of
+/// `lease_ttl` (at least every 50 ms), and at once when the scope's
+/// configuration record names a newer version than its own (an acquire
+/// refused with [`Error::ConfigMismatch`] is then asked again under the
+/// new version). A switch keeps each host's state in Redis, and says so in
+/// a log line and to the hooks
+/// ([`on_policy_version`](crate::Hooks::on_policy_version)).
+/// [`refresh`](Self::refresh) looks now: call it at start, so that a
+/// replica started with an older file paces with the published policies
+/// from its first request. Published policies this replica cannot use
+/// (its builder refuses them, or it cannot read them) are reported once
+/// per version, and it keeps its own.
+///
+/// With [`KeyBy::Ip`](crate::KeyBy::Ip), the published policies resolve
+/// names through this replica's resolver. Cheap to share behind an `Arc`.
+pub struct LiveLimiter {
+    live: Arc<Live>,
+}
+
+struct Live {
+    current: RwLock<Current>,
+    /// Held while the published policies are read and a switch is made.
+    switching: tokio::sync::Mutex<()>,
+    /// The version in force, announced to the acquires waiting.
+    versions: tokio::sync::watch::Sender<u64>,
+    /// The limiters of earlier versions, closing (their last releases
+    /// land through them); `close` waits for them too.
+    retired: std::sync::Mutex<Vec<Arc<dyn Limiter>>>,
+    fallback: bool,
+    every: Duration,
+    /// Whether the task that looks for new versions was started.
+    watching: std::sync::atomic::AtomicBool,
+    /// The last version refused here (reported once).
+    refused: std::sync::atomic::AtomicU64,
+}
+
+/// The limiter in force, and the version of its policies (0: its own).
+#[derive(Clone)]
+struct Current {
+    version: u64,
+    redis: RedisLimiter,
+    limiter: Arc<dyn Limiter>,
+    fallback: Option<Arc<FallbackLimiter<RedisLimiter>>>,
+}
+
+impl Current {
+    fn new(version: u64, redis: RedisLimiter, fallback: bool) -> Self {
+        if fallback {
+            let limiter = Arc::new(redis.clone().with_fallback());
+            Self {
+                version,
+                redis,
+                limiter: Arc::clone(&limiter) as Arc<dyn Limiter>,
+                fallback: Some(limiter),
+            }
+        } else {
+            Self {
+                version,
+                limiter: Arc::new(redis.clone()),
+                redis,
+                fallback: None,
+            }
+        }
+    }
+}
+
+impl LiveLimiter {
+    fn new(redis: RedisLimiter, fallback: bool) -> Self {
+        let version = redis.core.settings.policy_version;
+        let every = (redis.core.settings.lease_ttl / 4).max(Duration::from_millis(50));
+        Self {
+            live: Arc::new(Live {
+                current: RwLock::new(Current::new(version, redis, fallback)),
+                switching: tokio::sync::Mutex::new(()),
+                versions: tokio::sync::watch::Sender::new(version),
+                retired: std::sync::Mutex::default(),
+                fallback,
+                every,
+                watching: std::sync::atomic::AtomicBool::new(false),
+                refused: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The version of the published policies in force; 0 before any was
+    /// published (or read).
+    pub fn version(&self) -> u64 {
+        self.live.current().version
+    }
+
+    /// The policies in force.
+    pub fn policies(&self) -> Policies {
+        self.live.current().redis.policies().clone()
+    }
+
+    /// The Redis limiter in force (its policies are the version's).
+    pub fn redis(&self) -> RedisLimiter {
+        self.live.current().redis
+    }
+
+    /// The limiter with its fallback in force, when this one was made
+    /// from a [`FallbackLimiter`].
+    pub fn fallback(&self) -> Option<Arc<FallbackLimiter<RedisLimiter>>> {
+        self.live.current().fallback
+    }
+
+    /// Looks for published policies now and switches to them when they
+    /// are newer than those in force; returns the version in force after.
+    /// Fails when Redis cannot be asked, or the published policies cannot
+    /// be used here (the limiter keeps its own then).
+    pub async fn refresh(&self) -> Result<u64, Error> {
+        self.live.watch();
+        self.live.refresh().await
+    }
+}
+
+impl Live {
+    fn current(&self) -> Current {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Starts the task that looks for new versions (once, in a runtime).
+    fn watch(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.watching.load(Ordering::Relaxed)
+            || tokio::runtime::Handle::try_current().is_err()
+            || self.watching.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        tokio::spawn(watch(Arc::downgrade(self), self.every));
+    }
+
+    async fn refresh(&self) -> Result<u64, Error> {
+        let _switching = self.switching.lock().await;
+        let current = self.current();
+        let refused = |err: Error, version: u64| {
+            use std::sync::atomic::Ordering;
+            if self.refused.swap(version, Ordering::Relaxed) != version {
+                tracing::error!(
+                    version,
+                    in_force = current.version,
+                    error = %crate::error::Causes(&err),
+                    "the policies published to the scope cannot be used here: pacing on with \
+                     those in force"
+                );
+                current.redis.core.hooks.on_error(Op::Policies, &err);
+            }
+            err
+        };
+        let (version, policies) = match current.redis.published_policies().await {
+            Ok(Some(published)) => published,
+            Ok(None) => return Ok(current.version),
+            Err(err) if err.is_unavailable() => return Err(err),
+            Err(err) => return Err(refused(err, u64::MAX)),
+        };
+        if version == current.version {
+            return Ok(version);
+        }
+        let policies = policies.with_addresses_of(current.redis.policies());
+        let redis = match current.redis.rebuilder(policies, version).build() {
+            Ok(redis) => redis,
+            Err(err) => return Err(refused(err.into(), version)),
+        };
+        let lease_ttl = current.redis.core.settings.lease_ttl;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) =
+            Current::new(version, redis, self.fallback);
+        self.versions.send_replace(version);
+        // The old limiter admits no more (its waiters ask again under the
+        // new version) and leaves the registry once its permits are back.
+        let old = Arc::clone(&current.limiter);
+        tokio::spawn(async move {
+            let _ = old.close(Some(Instant::now() + lease_ttl)).await;
+        });
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&current.limiter));
+        tracing::info!(
+            version,
+            before = current.version,
+            "pacing with the policies published to the scope (version {version}); each host's \
+             state is kept"
+        );
+        current.redis.core.hooks.on_policy_version(version);
+        Ok(version)
+    }
+}
+
+/// Looks for a new version every `every`, while the limiter lives.
+async fn watch(live: Weak<Live>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(live) = live.upgrade() else {
+            return;
+        };
+        if live.current().redis.core.lifecycle.is_closed() {
+            return;
+        }
+        let _ = tokio::time::timeout(every.max(Duration::from_secs(1)), live.refresh()).await;
+    }
+}
+
+impl Limiter for LiveLimiter {
+    fn acquire_with<'a>(
+        &'a self,
+        engine: &'a str,
+        host: HostKey,
+        deadline: Option<Instant>,
+        request: RequestPacing,
+    ) -> BoxFuture<'a, Result<Permit, Error>> {
+        self.live.watch();
+        Box::pin(async move {
+            loop {
+                // Subscribed first: a switch from here on is seen.
+                let mut switched = self.live.versions.subscribe();
+                let current = self.live.current();
+                let acquire = current
+                    .limiter
+                    .acquire_with(engine, host.clone(), deadline, request);
+                tokio::select! {
+                    biased;
+                    got = acquire => match got {
+                        // The record names another version: switch to it,
+                        // and ask again under it.
+                        Err(Error::ConfigMismatch { .. })
+                            if self
+                                .live
+                                .refresh()
+                                .await
+                                .is_ok_and(|v| v != current.version) => {}
+                        // Closed by a switch (not by `close`): ask again.
+                        Err(Error::Closed)
+                            if self.live.current().version != current.version => {}
+                        got => return got,
+                    },
+                    // Switched while waiting: the wait is dropped (booking
+                    // nothing) and asked again under the new policies.
+                    Ok(()) = switched.changed() => {}
+                }
+            }
+        })
+    }
+
+    fn penalize_host<'a>(
+        &'a self,
+        host: HostKey,
+        hold: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let limiter = self.live.current().limiter;
+        Box::pin(async move { limiter.penalize_host(host, hold).await })
+    }
+
+    fn counts_bytes(&self, host: &HostKey) -> bool {
+        self.live.current().limiter.counts_bytes(host)
+    }
+
+    fn charge_bytes<'a>(&'a self, host: HostKey, bytes: u64) -> BoxFuture<'a, Result<(), Error>> {
+        let limiter = self.live.current().limiter;
+        Box::pin(async move { limiter.charge_bytes(host, bytes).await })
+    }
+
+    fn cap_host<'a>(
+        &'a self,
+        host: HostKey,
+        cap: u32,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let limiter = self.live.current().limiter;
+        Box::pin(async move { limiter.cap_host(host, cap, window).await })
+    }
+
+    #[allow(private_interfaces)]
+    fn coordination(&self, _: Token) -> Option<&dyn Coordination> {
+        Some(self)
+    }
+
+    fn snapshot(&self, top: usize) -> Snapshot {
+        let current = self.live.current();
+        let mut snapshot = current.limiter.snapshot(top);
+        snapshot.policy_version = (current.version > 0).then_some(current.version);
+        snapshot
+    }
+
+    /// Closes the limiter in force and waits for those of earlier
+    /// versions to land their last releases too.
+    fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
+        let limiter = self.live.current().limiter;
+        let retired = self
+            .live
+            .retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Box::pin(async move {
+            let mut closed = limiter.close(deadline).await;
+            for old in retired {
+                let done = old.close(deadline).await;
+                closed = closed.and(done);
+            }
+            closed
+        })
+    }
+}
+
+/// The coordination of the limiter in force, for this crate's layers.
+impl Coordination for LiveLimiter {
+    fn adopt_host<'a>(
+        &'a self,
+        host: HostKey,
+        ago: Duration,
+        weight: u32,
+    ) -> BoxFuture<'a, Result<Option<Permit>, Error>> {
+        let limiter = self.live.current().limiter;
+        Box::pin(async move {
+            match coordination(&*limiter) {
+                Some(c) => c.adopt_host(host, ago, weight).await,
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn back_off_host<'a>(
+        &'a self,
+        host: HostKey,
+        step: BackoffStep,
+    ) -> Option<BoxFuture<'a, Result<Option<Duration>, Error>>> {
+        let limiter = self.live.current().limiter;
+        // Whether the limiter keeps the gap: asking builds a future that
+        // does nothing until polled.
+        drop(coordination(&*limiter)?.back_off_host(host.clone(), step)?);
+        Some(Box::pin(async move {
+            match coordination(&*limiter).and_then(|c| c.back_off_host(host, step)) {
+                Some(gap) => gap.await,
+                None => Ok(None),
+            }
+        }))
+    }
+
+    fn report_hold(&self, host: &HostKey, cause: &str, hold: Duration) {
+        if let Some(c) = coordination(&*self.live.current().limiter) {
+            c.report_hold(host, cause, hold);
+        }
+    }
+
+    fn failure_domain(&self, host: &HostKey) -> u32 {
+        coordination(&*self.live.current().limiter).map_or(0, |c| c.failure_domain(host))
+    }
+
+    fn answered_since(&self, at: Instant) -> bool {
+        coordination(&*self.live.current().limiter).is_some_and(|c| c.answered_since(at))
+    }
+}
+
+impl fmt::Debug for LiveLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let current = self.live.current();
+        f.debug_struct("LiveLimiter")
+            .field("version", &current.version)
+            .field("redis", &current.redis)
+            .field("fallback", &self.live.fallback)
+            .finish_non_exhaustive()
+    }
+}

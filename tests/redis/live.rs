@@ -1,0 +1,208 @@
+//! Live shared policies: published to a scope with a version, followed by
+//! every `LiveLimiter` of it without losing a host's state; refused before
+//! publishing when invalid; garbage in their key never switches pacing off;
+//! the scope's agreement follows the published version.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redislimit::{ConfigError, Error, KeyBy, Limiter, Pacing, Policies, RedisLimiter, Rule};
+use redislimit_tests::RedisServer;
+use redislimit_tests::record::{Recorder, assert_serialized};
+
+use crate::agreement::assert_mismatch;
+use crate::{MS, bounded, host, limiter, standalone};
+
+const LEASE_TTL: Duration = Duration::from_millis(400);
+
+fn replica(server: &RedisServer, min_delay: Duration) -> RedisLimiter {
+    limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(min_delay),
+        |b| b.lease_ttl(LEASE_TTL),
+    )
+}
+
+fn gap(min_delay: Duration) -> Policies {
+    Policies::new(Pacing::builder().min_delay(min_delay).build().unwrap())
+}
+
+/// The published policies come back as they were, with a version that
+/// grows; a live replica takes them at `refresh`, its snapshot names the
+/// version, and the host's state (a penalty) is kept across the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_policies_are_followed_with_the_hosts_state() {
+    let server = RedisServer::start();
+    let publisher = replica(&server, 100 * MS);
+    let live = replica(&server, 100 * MS).live();
+    assert_eq!(
+        bounded(5, publisher.published_policies()).await.unwrap(),
+        None
+    );
+    assert_eq!(bounded(5, live.refresh()).await.unwrap(), 0);
+    assert_eq!(live.snapshot(1).policy_version, None);
+
+    // A penalty before the switch holds after it.
+    bounded(5, live.penalize_host(host("a.test"), 1500 * MS))
+        .await
+        .unwrap();
+    let policies = gap(30 * MS)
+        .with_rule(Rule::new("b.test", Pacing::default()))
+        .unwrap();
+    assert_eq!(
+        bounded(5, publisher.publish_policies(&policies))
+            .await
+            .unwrap(),
+        1
+    );
+    let (version, read) = bounded(5, publisher.published_policies())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((version, read.rules()), (1, policies.rules()));
+    assert_eq!(read.default_pacing(), policies.default_pacing());
+
+    assert_eq!(bounded(5, live.refresh()).await.unwrap(), 1);
+    assert_eq!(live.version(), 1);
+    assert_eq!(live.policies().default_pacing().min_delay(), 30 * MS);
+    assert_eq!(live.snapshot(1).policy_version, Some(1));
+    let started = Instant::now();
+    let permit = bounded(5, live.acquire_host("test", host("a.test"), None))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= 1000 * MS,
+        "the penalty was lost at the switch: admitted after {:?}",
+        started.elapsed()
+    );
+    drop(permit);
+    assert_eq!(
+        bounded(5, publisher.publish_policies(&gap(40 * MS)))
+            .await
+            .unwrap(),
+        2
+    );
+    live.close(None).await.unwrap();
+}
+
+/// Policies the publisher's builder refuses are not published; garbage in
+/// their key is an error naming it, and a live replica keeps pacing with
+/// the policies in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_policies_are_refused_and_garbage_switches_nothing_off() {
+    let server = RedisServer::start();
+    let publisher = limiter(
+        standalone(&server.url()),
+        |p| p.min_delay(50 * MS),
+        |b| b.lease_ttl(LEASE_TTL).cluster_concurrency(2),
+    );
+    // Keyed by domain, a serialized rule beside a default in lease mode
+    // would share one state in Redis: refused, naming the rule.
+    let mixed = gap(50 * MS)
+        .with_rule(Rule::new("a.example.com", Pacing::default()).with_cluster_concurrency(0))
+        .unwrap()
+        .with_key_by(KeyBy::RegistrableDomain);
+    match bounded(5, publisher.publish_policies(&mixed)).await {
+        Err(Error::InvalidConfig(ConfigError::InvalidRule { rule, .. })) => {
+            assert_eq!(rule, "a.example.com");
+        }
+        other => panic!("published policies the builder refuses: {other:?}"),
+    }
+    assert_eq!(
+        bounded(5, publisher.published_policies()).await.unwrap(),
+        None
+    );
+
+    let live = replica(&server, 50 * MS).live();
+    let keys = || server.query(&["KEYS", "*:policy"]);
+    assert_eq!(
+        keys().as_array().map(<[_]>::len),
+        Some(0),
+        "nothing was published"
+    );
+    bounded(5, publisher.publish_policies(&gap(20 * MS)))
+        .await
+        .unwrap();
+    let key = keys().as_array().unwrap()[0].as_str().unwrap().to_owned();
+    for garbage in [
+        vec!["HSET", key.as_str(), "version", "2", "text", "not policies"],
+        vec!["HSET", key.as_str(), "version", "x"],
+    ] {
+        server.command(&["DEL", key.as_str()]);
+        server.command(&garbage);
+        match bounded(5, publisher.published_policies()).await {
+            Err(Error::InvalidConfig(ConfigError::InvalidPublished { .. })) => {}
+            other => panic!("garbage {garbage:?} read as {other:?}"),
+        }
+        assert!(bounded(5, live.refresh()).await.is_err());
+        assert_eq!(live.version(), 0);
+    }
+    server.command(&["DEL", key.as_str()]);
+    server.command(&["SET", key.as_str(), "a string"]);
+    assert!(bounded(5, live.refresh()).await.is_err());
+    // Still pacing, with its own policies: two sends 50 ms apart.
+    let recorder = Recorder::new();
+    for _ in 0..2 {
+        let permit = bounded(5, live.acquire_host("test", host("a.test"), None))
+            .await
+            .unwrap();
+        let now = Instant::now();
+        recorder.record("a.test", 0, now, now);
+        drop(permit);
+    }
+    assert_serialized(&recorder.host("a.test"), 50 * MS - 2 * MS);
+    // Publishing over garbage starts afresh.
+    assert!(
+        bounded(5, publisher.publish_policies(&gap(20 * MS)))
+            .await
+            .unwrap()
+            >= 1
+    );
+    live.close(None).await.unwrap();
+}
+
+/// The agreement follows the published version: a live replica started
+/// with an older file adopts the published policies at its first acquire
+/// instead of being refused; a plain replica with the older settings is
+/// refused, naming both; the older version never takes the record back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agreement_follows_the_published_version() {
+    let server = RedisServer::start();
+    let first = replica(&server, 100 * MS).live();
+    let _permit = bounded(5, first.acquire_host("test", host("a.test"), None))
+        .await
+        .unwrap();
+    let publisher = replica(&server, 100 * MS);
+    bounded(5, publisher.publish_policies(&gap(30 * MS)))
+        .await
+        .unwrap();
+    // Within a quarter of the lease TTL (and a call), the first follows.
+    tokio::time::sleep(LEASE_TTL).await;
+    assert_eq!(first.version(), 1);
+    let _permit = bounded(5, first.acquire_host("test", host("b.test"), None))
+        .await
+        .unwrap();
+
+    // Started later with the old file, and never refreshed: its first
+    // acquire adopts version 1.
+    let late = Arc::new(replica(&server, 100 * MS).live());
+    let _permit = bounded(5, late.acquire_host("test", host("c.test"), None))
+        .await
+        .unwrap();
+    assert_eq!(late.version(), 1);
+
+    // A plain replica with the old settings is refused, and its claim to
+    // the record does not bring the old settings back.
+    let plain = replica(&server, 100 * MS);
+    assert_mismatch(plain.check_config().await, "min_delay=100ms", "policy=1");
+    assert_mismatch(
+        publisher.check_config().await,
+        "min_delay=100ms",
+        "policy=1",
+    );
+    let _permit = bounded(5, first.acquire_host("test", host("d.test"), None))
+        .await
+        .unwrap();
+    first.close(None).await.unwrap();
+    late.close(None).await.unwrap();
+}
