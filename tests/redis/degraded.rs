@@ -224,26 +224,44 @@ async fn share_sends_at_each_replicas_whole_share() {
 /// the turn was lost. With the replicas' period over the probe's second,
 /// most turns probed (3 sends in five turns). The
 /// probe now gives up when the turn's window ends, and the request goes in
-/// its turn.
+/// its turn: from the fleet's first send in the outage to its last, no
+/// turn goes unused (on a busy machine the outage may be noticed late, so
+/// what is judged is the turns once sending began, not a count of sends).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_in_a_turn_does_not_cost_the_turn() {
     let server = RedisServer::start();
     // A 1.2 s period: a second after each probe, the next turn probes.
     let gap = 400 * MS;
     let all = replicas(&server, gap, 6, FallbackPolicy::Share).await;
+    let probe = StallProbe::start();
     let seen = crawl_frozen(&server, &all, Duration::from_secs(6), 30 * MS)
         .await
         .host("a.test");
-    let period = gap * REPLICAS as u32;
+    let stalls = probe.stalls(5 * MS);
     for replica in 0..REPLICAS {
-        let sends: Vec<_> = seen.iter().filter(|r| r.replica == replica).collect();
-        // Its turns in the 6 s after its first send: five.
+        let sends = seen.iter().filter(|r| r.replica == replica).count();
         assert!(
-            sends.len() >= 4,
-            "replica {replica} sent {} requests in the outage ({period:?} a turn): {seen:?}",
-            sends.len()
+            sends >= 2,
+            "replica {replica} sent {sends} requests in the outage: {seen:?}"
         );
     }
+    // A lost turn leaves two gaps between sends; a runtime stall of a
+    // quarter gap or more in between excuses a late one.
+    let lost: Vec<_> = seen
+        .windows(2)
+        .filter(|w| {
+            let (a, b) = (w[0].send, w[1].send);
+            b - a > gap * 3 / 2
+                && !stalls
+                    .iter()
+                    .any(|s| s.woke > a && s.woke <= b + gap && s.late >= gap / 4)
+        })
+        .map(|w| (w[1].replica, w[1].send - w[0].send))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "turns lost (replica, gap before its send): {lost:?}; stalls: {stalls:?}; {seen:?}"
+    );
     assert!(min_send_gap(&seen) >= gap * 9 / 10, "{seen:?}");
 }
 

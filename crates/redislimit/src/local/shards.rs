@@ -275,30 +275,38 @@ impl Inner {
             return;
         }
         let host = self.policies.key(&host);
-        self.sweep.ensure_running(self);
-        let now = Instant::now();
-        let mut guard = lock(self.shard(&host));
-        let entry = guard.entry(&host, now, policy);
-        entry.state.penalize(now, hold);
-        entry.wake_turns();
-        guard.settle(&host, &self.policies, &self.sweep);
+        self.update(&host, policy, |state, now| state.penalize(now, hold));
         tracing::debug!(host = %host, hold_ms = hold.as_millis() as u64, "host penalized");
     }
 }
 
 impl Inner {
+    /// Applies `change` to the state of `host` (a key) under `policy`,
+    /// now; then wakes its waiters to look again.
+    fn update<R>(
+        self: &Arc<Self>,
+        host: &HostKey,
+        policy: usize,
+        change: impl FnOnce(&mut HostState, Instant) -> R,
+    ) -> R {
+        self.sweep.ensure_running(self);
+        let now = Instant::now();
+        let mut guard = lock(self.shard(host));
+        let entry = guard.entry(host, now, policy);
+        let changed = change(&mut entry.state, now);
+        entry.wake_turns();
+        guard.settle(host, &self.policies, &self.sweep);
+        changed
+    }
+
     /// Caps `host`'s requests in flight at `cap` for `window`, as it
     /// stated (see [`HostState::state_cap`]).
     pub(super) fn state_cap(self: &Arc<Self>, host: HostKey, cap: u32, window: Duration) {
         let policy = self.policies.index(&host);
         let host = self.policies.key(&host);
-        self.sweep.ensure_running(self);
-        let now = Instant::now();
-        let mut guard = lock(self.shard(&host));
-        let entry = guard.entry(&host, now, policy);
-        entry.state.state_cap(now, cap, window);
-        entry.wake_turns();
-        guard.settle(&host, &self.policies, &self.sweep);
+        self.update(&host, policy, |state, now| {
+            state.state_cap(now, cap, window)
+        });
         tracing::debug!(host = %host, cap, window_s = window.as_secs(), "host stated a cap on requests in flight");
     }
 
@@ -312,13 +320,7 @@ impl Inner {
             return;
         }
         let host = self.policies.key(&host);
-        self.sweep.ensure_running(self);
-        let now = Instant::now();
-        let mut guard = lock(self.shard(&host));
-        let entry = guard.entry(&host, now, policy);
-        let free = entry.state.charge(now, cost);
-        entry.wake_turns();
-        guard.settle(&host, &self.policies, &self.sweep);
+        let (free, now) = self.update(&host, policy, |state, now| (state.charge(now, cost), now));
         tracing::debug!(host = %host, bytes, free_in_ms = (free - now).as_millis() as u64, "response bytes charged");
     }
 }
