@@ -14,6 +14,10 @@ use crate::{HostKey, Limiter, Permit};
 /// the primary again while it is away.
 pub(super) const ADOPT_RETRY: Duration = Duration::from_millis(100);
 
+/// How often an acquire looks whether an offer of its key under way
+/// elsewhere has ended (one Redis call; the acquire's deadline bounds it).
+const OFFER_POLL: Duration = Duration::from_millis(2);
+
 /// How long a replica's first admission by the primary for a host it
 /// deferred during an outage waits (it is given back, and asked for again
 /// after this): the replica that served the host may not have noticed the
@@ -152,7 +156,11 @@ impl Adoptions {
     }
 
     /// Offers the pending requests (to `only` that key, when given) to
-    /// `primary`; stops at the first that finds it unavailable.
+    /// `primary`; stops at the first that finds it unavailable. For one
+    /// key (an acquire about to ask the primary), it also waits for the
+    /// offers of that key already under way elsewhere (the background
+    /// task's) to end: else the primary could admit beside a request it
+    /// is about to count, one over the cap.
     pub(super) async fn offer<P: Limiter>(&self, primary: &P, only: Option<&HostKey>) {
         let candidates: Vec<Arc<Adoptee>> = self
             .pending
@@ -162,6 +170,7 @@ impl Adoptions {
             .filter(|a| only.is_none_or(|key| *key == a.key))
             .cloned()
             .collect();
+        let mut elsewhere = Vec::new();
         for adoptee in candidates {
             let traced = {
                 let mut state = adoptee.lock();
@@ -173,6 +182,10 @@ impl Adoptions {
                     Adopted::Pending => {
                         *state = Adopted::Offering;
                         None
+                    }
+                    Adopted::Offering if only.is_some() => {
+                        elsewhere.push(Arc::clone(&adoptee));
+                        continue;
                     }
                     _ => continue,
                 }
@@ -219,6 +232,11 @@ impl Adoptions {
                     tracing::warn!(host = %adoptee.host, error = %crate::error::Causes(&err), "a request admitted in-process could not be counted in the shared limiter");
                     *state = Adopted::Done;
                 }
+            }
+        }
+        for adoptee in elsewhere {
+            while matches!(*adoptee.lock(), Adopted::Offering) {
+                tokio::time::sleep(OFFER_POLL).await;
             }
         }
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
