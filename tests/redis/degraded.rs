@@ -224,9 +224,10 @@ async fn share_sends_at_each_replicas_whole_share() {
 /// the turn was lost. With the replicas' period over the probe's second,
 /// most turns probed (3 sends in five turns). The
 /// probe now gives up when the turn's window ends, and the request goes in
-/// its turn: from the fleet's first send in the outage to its last, no
-/// turn goes unused (on a busy machine the outage may be noticed late, so
-/// what is judged is the turns once sending began, not a count of sends).
+/// its turn: from the fleet's first send in the outage to its last, each
+/// replica uses all its turns but one at most (on a busy machine the outage
+/// may be noticed late, so what is judged is the turns once sending began,
+/// not a count of sends).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_in_a_turn_does_not_cost_the_turn() {
     let server = RedisServer::start();
@@ -245,22 +246,29 @@ async fn a_probe_in_a_turn_does_not_cost_the_turn() {
             "replica {replica} sent {sends} requests in the outage: {seen:?}"
         );
     }
-    // A lost turn leaves two gaps between sends; a runtime stall of a
-    // quarter gap or more in between excuses a late one.
-    let lost: Vec<_> = seen
-        .windows(2)
-        .filter(|w| {
-            let (a, b) = (w[0].send, w[1].send);
-            b - a > gap * 3 / 2
-                && !stalls
-                    .iter()
-                    .any(|s| s.woke > a && s.woke <= b + gap && s.late >= gap / 4)
-        })
-        .map(|w| (w[1].replica, w[1].send - w[0].send))
-        .collect();
+    // Turns go round the replicas, one every `gap`: a longer pause
+    // between two sends lost the turns of the replicas after the first
+    // sender, one per `gap` (a runtime stall of a quarter gap or more in
+    // between excuses it). Each replica may lose one turn, as it may
+    // probe a Redis that does not answer once at the outage's start; the
+    // regression lost two turns in five.
+    let mut lost = [0u32; REPLICAS];
+    for w in seen.windows(2) {
+        let (a, b) = (w[0].send, w[1].send);
+        let excused = stalls
+            .iter()
+            .any(|s| s.woke > a && s.woke <= b + gap && s.late >= gap / 4);
+        let turns = ((b - a).as_micros() + gap.as_micros() / 2) / gap.as_micros();
+        if excused || turns < 2 {
+            continue;
+        }
+        for k in 1..turns as usize {
+            lost[(w[0].replica + k) % REPLICAS] += 1;
+        }
+    }
     assert!(
-        lost.is_empty(),
-        "turns lost (replica, gap before its send): {lost:?}; stalls: {stalls:?}; {seen:?}"
+        lost.iter().all(|&n| n <= 1),
+        "turns lost per replica: {lost:?}; stalls: {stalls:?}; {seen:?}"
     );
     assert!(min_send_gap(&seen) >= gap * 9 / 10, "{seen:?}");
 }
