@@ -21,7 +21,8 @@
 //! cluster_concurrency = 4
 //! ```
 //!
-//! A rule starts from the default and changes the settings it names:
+//! A rule starts from the default and changes the settings it names
+//! (`quota = 0` switches a quota off, window included):
 //! `min_delay`, `max_concurrent`, `cluster_concurrency` (with Redis only;
 //! 0 serializes), `quota`, `window`, `jitter`, `max_penalty`,
 //! `max_bytes_per_sec`; durations are strings like `"250ms"`, `"2s"`,
@@ -121,7 +122,12 @@ impl Settings {
                 .cluster_concurrency
                 .unwrap_or(self.cluster_concurrency),
             quota: table.quota.unwrap_or(self.quota),
-            window: duration(&table.window, "window")?.or(self.window),
+            // `quota = 0` without a window switches the quota off, the
+            // default's window with it.
+            window: match (table.quota, duration(&table.window, "window")?) {
+                (Some(0), None) => None,
+                (_, window) => window.or(self.window),
+            },
             jitter: duration(&table.jitter, "jitter")?.unwrap_or(self.jitter),
             max_penalty: duration(&table.max_penalty, "max_penalty")?.unwrap_or(self.max_penalty),
             max_bytes_per_sec: match &table.max_bytes_per_sec {
@@ -267,6 +273,20 @@ mod tests {
             format!("{refused:#}").contains("max_bytes_per_sec"),
             "{refused:#}"
         );
+    }
+
+    #[test]
+    fn a_rule_with_quota_0_switches_the_defaults_quota_off() {
+        let text =
+            "[default]\nquota = 10\nwindow = \"1m\"\n[[rule]]\nmatch = \"a.test\"\nquota = 0\n";
+        let (_, p) = parse(text, &flags()).unwrap();
+        let a = p.pacing_for(&host("a.test"));
+        assert_eq!((a.quota(), a.window()), (0, Duration::ZERO));
+        let b = p.pacing_for(&host("b.test"));
+        assert_eq!((b.quota(), b.window()), (10, Duration::from_secs(60)));
+        // A window named beside it is still one without a quota: refused.
+        let text = "[[rule]]\nmatch = \"a.test\"\nquota = 0\nwindow = \"1m\"\n";
+        assert!(parse(text, &flags()).is_err());
     }
 
     fn host(name: &str) -> HostKey {

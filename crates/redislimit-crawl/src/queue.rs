@@ -60,7 +60,9 @@ pub enum PolicyCommand {
         #[arg(long, default_value = "host")]
         key_by: String,
     },
-    /// Print the version and text of the policies published to the scope.
+    /// Print the policies published to the scope as a policy file (every
+    /// setting written out, the version and `key_by` as comments): pushed
+    /// again, it publishes the same policies.
     Show {
         /// The replicas' Redis (`redis://` or `rediss://`).
         #[arg(long, value_name = "URL")]

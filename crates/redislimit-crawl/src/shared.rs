@@ -208,29 +208,46 @@ pub(crate) async fn policy(action: crate::PolicyCommand) -> anyhow::Result<()> {
         return Ok(());
     }
     match limiter.published_policies().await? {
-        Some((version, policies)) => {
-            println!("version {version}");
-            print!("{}", describe(&policies));
-        }
+        Some((version, policies)) => print!("{}", describe(version, &args.scope, &policies)),
         None => println!("no policies are published to scope {:?}", args.scope),
     }
     Ok(())
 }
 
-/// The policies, a line each for the default and every rule.
-fn describe(policies: &Policies) -> String {
+/// The published policies as a policy file (`--policy FILE`) that gives
+/// them back: every setting of the default and of each rule written out,
+/// so that a rule does not take one of the default's. `key_by` is not a
+/// setting of the file (it is `--key-by`), so it is a comment.
+fn describe(version: u64, scope: &str, policies: &Policies) -> String {
+    use std::fmt::Write;
     let mut text = format!(
-        "key_by {}\ndefault {:?}\n",
-        policies.key_by().as_str(),
-        policies.default_pacing()
+        "# version {version} of the policies published to scope {scope:?}\n\
+         # key_by: {} (give `crawl policy push` --key-by {0} with this file)\n\
+         [default]\n",
+        policies.key_by().as_str()
     );
+    settings(&mut text, policies.default_pacing());
     for rule in policies.rules() {
-        text.push_str(&format!(
-            "rule {} cluster_concurrency={:?} {:?}\n",
-            rule.pattern(),
-            rule.cluster_concurrency(),
-            rule.pacing()
-        ));
+        let _ = write!(text, "\n[[rule]]\nmatch = {:?}\n", rule.pattern());
+        if let Some(cap) = rule.cluster_concurrency() {
+            let _ = writeln!(text, "cluster_concurrency = {cap}");
+        }
+        settings(&mut text, rule.pacing());
     }
     text
+}
+
+/// One pacing's settings, a `key = value` line each.
+fn settings(text: &mut String, pacing: &redislimit::Pacing) {
+    use std::fmt::Write;
+    let duration = |d| humantime::format_duration(d).to_string();
+    let _ = writeln!(text, "min_delay = {:?}", duration(pacing.min_delay()));
+    let _ = writeln!(text, "max_concurrent = {}", pacing.max_concurrent());
+    let _ = writeln!(text, "quota = {}", pacing.quota());
+    if pacing.quota() > 0 {
+        let _ = writeln!(text, "window = {:?}", duration(pacing.window()));
+    }
+    let _ = writeln!(text, "jitter = {:?}", duration(pacing.jitter()));
+    let _ = writeln!(text, "max_penalty = {:?}", duration(pacing.max_penalty()));
+    let _ = writeln!(text, "max_bytes_per_sec = {}", pacing.max_bytes_per_sec());
 }

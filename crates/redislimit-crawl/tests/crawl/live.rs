@@ -34,6 +34,80 @@ fn push(redis: &str, file: &std::path::Path) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
+/// Runs `crawl policy show` against `redis`: its exit code and stdout.
+fn show(redis: &str) -> (Option<i32>, String) {
+    let out = std::process::Command::new(crawl_binary())
+        .args(["policy", "show", "--redis", redis])
+        .output()
+        .expect("run crawl policy show");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.is_empty() || out.status.success(), "{said}");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `crawl policy show` prints the published policies as a policy file
+/// which, pushed again, publishes the same policies: every setting of the
+/// default and of each rule is written out (a rule switching the default's
+/// quota off included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_show_prints_a_file_that_push_reads_back() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let redis = server.url();
+    let dir = tempdir();
+    let (code, said) = show(&redis);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("no policies are published"), "{said}");
+
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        r#"[default]
+min_delay = "250ms"
+quota = 100
+window = "1h"
+
+[[rule]]
+match = "api.example.com"
+min_delay = "0s"
+quota = 0
+max_bytes_per_sec = "200KiB"
+
+[[rule]]
+match = "*.cdn.example.com"
+cluster_concurrency = 4
+jitter = "50ms"
+"#,
+    )
+    .unwrap();
+    let (code, said) = push(&redis, &file);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, first) = show(&redis);
+    assert_eq!(code, Some(0), "{first}");
+    for line in [
+        "# version 1 ",
+        "min_delay = \"250ms\"\nmax_concurrent = 1\nquota = 100\nwindow = \"1h\"\n",
+        "match = \"api.example.com\"\nmin_delay = \"0s\"\nmax_concurrent = 1\nquota = 0\njitter",
+        "max_bytes_per_sec = 204800\n",
+        "match = \"*.cdn.example.com\"\ncluster_concurrency = 4\nmin_delay = \"250ms\"",
+        "jitter = \"50ms\"\n",
+    ] {
+        assert!(first.contains(line), "{line:?} not in:\n{first}");
+    }
+
+    let shown = dir.path().join("shown.toml");
+    std::fs::write(&shown, &first).unwrap();
+    let (code, said) = push(&redis, &shown);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("published version 2"), "{said}");
+    let (code, second) = show(&redis);
+    assert_eq!(code, Some(0), "{second}");
+    assert_eq!(second, first.replace("# version 1 ", "# version 2 "));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_pushed_mid_crawl_reaches_every_replica_within_a_lease_ttl() {
     let _turn = crate::one_at_a_time().await;
