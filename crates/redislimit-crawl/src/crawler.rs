@@ -252,10 +252,20 @@ impl Crawler {
 
     /// With `--robots`, keeps each origin's robots.txt outcome for the
     /// fleet in `cache`: one replica fetches it, the others wait for it.
+    /// Applies to this crawler whether or not it was cloned before (a clone
+    /// made earlier keeps what it had).
     #[cfg(feature = "redis")]
     pub fn with_shared_robots(mut self, cache: redislimit::redis::SharedCache) -> Self {
-        if let Some(robots) = self.robots.as_mut().and_then(Arc::get_mut) {
+        if let Some(robots) = self.robots.take() {
+            let mut robots = Arc::try_unwrap(robots).unwrap_or_else(|shared| RobotsOptions {
+                agent: shared.agent.clone(),
+                max_crawl_delay: shared.max_crawl_delay,
+                retry: shared.retry,
+                wait: shared.wait,
+                cache: Default::default(),
+            });
             robots.cache.shared = Some(cache);
+            self.robots = Some(Arc::new(robots));
         }
         self
     }
@@ -633,6 +643,25 @@ mod tests {
                 expect("c", &["/1"]),
             ]
         );
+    }
+
+    /// Regression: the shared cache was set through `Arc::get_mut`, which
+    /// did nothing on a crawler that had been cloned.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn shared_robots_apply_to_a_crawler_cloned_before() {
+        use clap::Parser;
+        use redislimit::redis::{RedisLimiter, RedisPool, RedisTimeouts};
+        let url = "redis://127.0.0.1:1/";
+        let args = Args::try_parse_from(["crawl", "--robots", "http://a.test/"]).unwrap();
+        let local = Arc::new(redislimit::DomainLimiter::new(redislimit::Pacing::default()));
+        let crawler = Crawler::new(local, &args).unwrap();
+        let clone = crawler.clone();
+        let pool = RedisPool::standalone(url, RedisTimeouts::default()).unwrap();
+        let redis = RedisLimiter::builder(pool, "robots-test").build().unwrap();
+        let crawler = crawler.with_shared_robots(redis.shared_cache("robots"));
+        assert!(crawler.robots.as_ref().unwrap().cache.shared.is_some());
+        assert!(clone.robots.as_ref().unwrap().cache.shared.is_none());
     }
 
     #[test]
