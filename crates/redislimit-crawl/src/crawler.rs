@@ -542,10 +542,24 @@ impl Crawler {
                 if admitted {
                     let (tx, counters) = (tx.clone(), Arc::clone(&counters));
                     let max_penalty = self.max_penalty;
+                    let host = host.clone();
                     tokio::spawn(async move {
-                        if let Ok(Attempt::Done(fetched)) = task.await {
-                            note_penalty(&counters, &fetched.host, fetched.hold_ms, max_penalty);
-                            let _ = tx.send(*fetched);
+                        match task.await {
+                            Ok(Attempt::Done(fetched)) => {
+                                note_penalty(
+                                    &counters,
+                                    &fetched.host,
+                                    fetched.hold_ms,
+                                    max_penalty,
+                                );
+                                let _ = tx.send(*fetched);
+                            }
+                            // Admitted, so it may have left: reported as
+                            // sent (a resumed crawl must not send it again).
+                            outcome => {
+                                let lost = fetch::fetched_on(host, &url, queued, None, None, None);
+                                let _ = tx.send(task_failed(lost, true, outcome.err()));
+                            }
                         }
                     });
                     continue 'urls;
@@ -568,7 +582,12 @@ impl Crawler {
                             () = stopped(&mut stop, StopLevel::Graceful) => break 'attempts,
                         };
                     }
-                    Err(_) => continue 'urls,
+                    // Not admitted: not sent.
+                    Err(e) => {
+                        let lost = self.fetched(&url, queued, None, None, None);
+                        let _ = tx.send(task_failed(lost, false, Some(e)));
+                        continue 'urls;
+                    }
                 }
             }
             // Stopped before this URL started.
@@ -589,6 +608,17 @@ impl Crawler {
             let _ = tx.send(self.unstarted(&url));
         }
     }
+}
+
+/// `fetched`, reported as a request whose task failed (it panicked) or
+/// ended without an answer.
+fn task_failed(mut fetched: Fetched, sent: bool, e: Option<tokio::task::JoinError>) -> Fetched {
+    fetched.sent = sent;
+    fetched.error = Some(match e {
+        Some(e) => format!("the request's task failed: {e}"),
+        None => "the request's task ended without an answer".to_owned(),
+    });
+    fetched
 }
 
 /// Sleeps until `at`; false when the crawl was stopped first.

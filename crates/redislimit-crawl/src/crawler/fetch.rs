@@ -244,30 +244,10 @@ impl Crawler {
         status: Option<u16>,
         error: Option<String>,
     ) -> Fetched {
-        let end = SystemTime::now();
-        let (start, waited) = match sent {
-            Some(SentAt(at, instant)) => (at, instant.saturating_duration_since(queued)),
-            None => (end, queued.elapsed()),
-        };
-        Fetched {
-            url: redact(url),
-            host: HostKey::from_url(url)
-                .map(|h| self.keys.key(&h).to_string())
-                .unwrap_or_default(),
-            status,
-            error,
-            sent: sent.is_some(),
-            start_ms: epoch_ms(start),
-            end_ms: epoch_ms(end),
-            waited_ms: millis(waited),
-            retry_after_ms: None,
-            hold_ms: None,
-            asked: None,
-            redirects: Vec::new(),
-            final_url: None,
-            skipped: None,
-            not_started: false,
-        }
+        let host = HostKey::from_url(url)
+            .map(|h| self.keys.key(&h).to_string())
+            .unwrap_or_default();
+        fetched_on(host, url, queued, sent, status, error)
     }
 
     /// What becomes of `url` when the crawl stops before its turn.
@@ -312,4 +292,38 @@ fn redirects(extensions: &Extensions) -> Vec<String> {
         .get::<Redirects>()
         .map(|r| r.0.iter().map(redact).collect())
         .unwrap_or_default()
+}
+
+/// The report line of `url`, a request to `host` (as the crawl keys it)
+/// queued at `queued`.
+pub(super) fn fetched_on(
+    host: String,
+    url: &Url,
+    queued: Instant,
+    sent: Option<SentAt>,
+    status: Option<u16>,
+    error: Option<String>,
+) -> Fetched {
+    let end = SystemTime::now();
+    let (start, waited) = match sent {
+        Some(SentAt(at, instant)) => (at, instant.saturating_duration_since(queued)),
+        None => (end, queued.elapsed()),
+    };
+    Fetched {
+        url: redact(url),
+        host,
+        status,
+        error,
+        sent: sent.is_some(),
+        start_ms: epoch_ms(start),
+        end_ms: epoch_ms(end),
+        waited_ms: millis(waited),
+        retry_after_ms: None,
+        hold_ms: None,
+        asked: None,
+        redirects: Vec::new(),
+        final_url: None,
+        skipped: None,
+        not_started: false,
+    }
 }
