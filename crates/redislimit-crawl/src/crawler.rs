@@ -257,15 +257,7 @@ impl Crawler {
     #[cfg(feature = "redis")]
     pub fn with_shared_robots(mut self, cache: redislimit::redis::SharedCache) -> Self {
         if let Some(robots) = self.robots.take() {
-            let mut robots = Arc::try_unwrap(robots).unwrap_or_else(|shared| RobotsOptions {
-                agent: shared.agent.clone(),
-                max_crawl_delay: shared.max_crawl_delay,
-                retry: shared.retry,
-                wait: shared.wait,
-                cache: Default::default(),
-            });
-            robots.cache.shared = Some(cache);
-            self.robots = Some(Arc::new(robots));
+            self.robots = Some(RobotsOptions::with_shared(robots, cache));
         }
         self
     }
@@ -490,7 +482,7 @@ impl Crawler {
                     break 'attempts;
                 }
                 if let Some(at) = not_before.take()
-                    && !sleep_or_stop(at, &mut stop).await
+                    && !fetch::sleep_or_stop(at, &mut stop).await
                 {
                     break 'attempts;
                 }
@@ -558,7 +550,7 @@ impl Crawler {
                             // sent (a resumed crawl must not send it again).
                             outcome => {
                                 let lost = fetch::fetched_on(host, &url, queued, None, None, None);
-                                let _ = tx.send(task_failed(lost, true, outcome.err()));
+                                let _ = tx.send(fetch::task_failed(lost, true, outcome.err()));
                             }
                         }
                     });
@@ -585,7 +577,7 @@ impl Crawler {
                     // Not admitted: not sent.
                     Err(e) => {
                         let lost = self.fetched(&url, queued, None, None, None);
-                        let _ = tx.send(task_failed(lost, false, Some(e)));
+                        let _ = tx.send(fetch::task_failed(lost, false, Some(e)));
                         continue 'urls;
                     }
                 }
@@ -595,37 +587,6 @@ impl Crawler {
             break;
         }
         self.not_started(queue, &lines, &tx);
-    }
-
-    /// Reports each URL of `queue` as not started.
-    fn not_started(
-        &self,
-        queue: VecDeque<Kept>,
-        lines: &Lines,
-        tx: &mpsc::UnboundedSender<Fetched>,
-    ) {
-        for url in queue.iter().filter_map(|kept| lines.url(kept)) {
-            let _ = tx.send(self.unstarted(&url));
-        }
-    }
-}
-
-/// `fetched`, reported as a request whose task failed (it panicked) or
-/// ended without an answer.
-fn task_failed(mut fetched: Fetched, sent: bool, e: Option<tokio::task::JoinError>) -> Fetched {
-    fetched.sent = sent;
-    fetched.error = Some(match e {
-        Some(e) => format!("the request's task failed: {e}"),
-        None => "the request's task ended without an answer".to_owned(),
-    });
-    fetched
-}
-
-/// Sleeps until `at`; false when the crawl was stopped first.
-async fn sleep_or_stop(at: Instant, stop: &mut watch::Receiver<StopLevel>) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep_until(at.into()) => true,
-        () = stopped(stop, StopLevel::Graceful) => false,
     }
 }
 

@@ -36,6 +36,27 @@ pub(crate) struct RobotsOptions {
     pub(crate) cache: RobotsCache,
 }
 
+#[cfg(feature = "redis")]
+impl RobotsOptions {
+    /// `options` keeping each origin's outcome for the fleet in `cache`,
+    /// whether or not another crawler shares `options` (that one keeps
+    /// what it had).
+    pub(crate) fn with_shared(
+        options: std::sync::Arc<Self>,
+        cache: redislimit::redis::SharedCache,
+    ) -> std::sync::Arc<Self> {
+        let mut options = std::sync::Arc::try_unwrap(options).unwrap_or_else(|shared| Self {
+            agent: shared.agent.clone(),
+            max_crawl_delay: shared.max_crawl_delay,
+            retry: shared.retry,
+            wait: shared.wait,
+            cache: RobotsCache::default(),
+        });
+        options.cache.shared = Some(cache);
+        std::sync::Arc::new(options)
+    }
+}
+
 /// What an origin's robots.txt fetch found, as kept: `allow` (4xx),
 /// `rules` and the body (2xx), or `unavailable` (5xx, no answer) with the
 /// failures in a row, when it may be asked again (ms since the epoch) and

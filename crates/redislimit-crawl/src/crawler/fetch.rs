@@ -257,6 +257,18 @@ impl Crawler {
         fetched
     }
 
+    /// Reports each URL of `queue` as not started.
+    pub(super) fn not_started(
+        &self,
+        queue: VecDeque<Kept>,
+        lines: &Lines,
+        tx: &mpsc::UnboundedSender<Fetched>,
+    ) {
+        for url in queue.iter().filter_map(|kept| lines.url(kept)) {
+            let _ = tx.send(self.unstarted(&url));
+        }
+    }
+
     /// An error when any report line could not be written: a crawl whose
     /// report is incomplete must not look like a success.
     pub fn check_report(&self) -> anyhow::Result<()> {
@@ -325,5 +337,28 @@ pub(super) fn fetched_on(
         final_url: None,
         skipped: None,
         not_started: false,
+    }
+}
+
+/// `fetched`, reported as a request whose task failed (it panicked) or
+/// ended without an answer.
+pub(super) fn task_failed(
+    mut fetched: Fetched,
+    sent: bool,
+    e: Option<tokio::task::JoinError>,
+) -> Fetched {
+    fetched.sent = sent;
+    fetched.error = Some(match e {
+        Some(e) => format!("the request's task failed: {e}"),
+        None => "the request's task ended without an answer".to_owned(),
+    });
+    fetched
+}
+
+/// Sleeps until `at`; false when the crawl was stopped first.
+pub(super) async fn sleep_or_stop(at: Instant, stop: &mut watch::Receiver<StopLevel>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep_until(at.into()) => true,
+        () = stopped(stop, StopLevel::Graceful) => false,
     }
 }
