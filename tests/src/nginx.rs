@@ -57,7 +57,8 @@ pub struct NginxConfig<'a> {
     pub upstream: Option<SocketAddr>,
 }
 
-/// A real nginx on `127.0.0.1` and a free port (see the module docs);
+/// A real nginx on a free port of every address, loopback among them (a
+/// crawl may spread its hosts over `127.0.0.0/8`; see the module docs);
 /// killed when dropped.
 #[derive(Debug)]
 pub struct Nginx {
@@ -172,7 +173,7 @@ impl Nginx {
         )
     }
 
-    /// The port it listens on (on `127.0.0.1`).
+    /// The port it listens on (on every address, `127.0.0.1` among them).
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -232,9 +233,9 @@ fn nginx_binary() -> PathBuf {
         .unwrap_or_else(|| panic!("nginx not found on PATH or in {SBIN_DIRS:?}; {INSTALL_HINT}"))
 }
 
-/// A loopback port that was free a moment ago.
+/// A port that was free on every address a moment ago.
 fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
+    TcpListener::bind(("0.0.0.0", 0))
         .and_then(|l| l.local_addr())
         .expect("bind a loopback port")
         .port()
@@ -264,7 +265,7 @@ fn configuration(dir: &Path, port: u16, config: &NginxConfig<'_>) -> String {
     let server = |name: &str, default: bool| {
         format!(
             "    server {{
-        listen 127.0.0.1:{port}{default};
+        listen {port}{default};
         server_name {name};
         limit_req zone=pace;
         limit_conn perhost {conns};
@@ -279,7 +280,7 @@ fn configuration(dir: &Path, port: u16, config: &NginxConfig<'_>) -> String {
             let mut servers: String = hosts.iter().map(|host| server(host, false)).collect();
             servers.push_str(&format!(
                 "    server {{
-        listen 127.0.0.1:{port} default_server;
+        listen {port} default_server;
         server_name _;
         return 421;
     }}
