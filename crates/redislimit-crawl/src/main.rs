@@ -19,3 +19,11 @@
 fn main() -> std::process::ExitCode {
     redislimit_crawl::main()
 }
+
+/// mimalloc rather than glibc's allocator: a replica allocates and frees
+/// small objects on several threads at a high rate (every request's
+/// futures, its Redis calls and their replies), where glibc's arenas
+/// spend their time consolidating (see `docs/PERFORMANCE.md`).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
