@@ -89,3 +89,69 @@ async fn a_missing_queue_is_empty_and_garbage_is_an_error() {
     let err = crate::bounded(10, dead.len()).await.unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
 }
+
+/// The consumers' names in the group (`XINFO CONSUMERS`), sorted.
+fn consumers(server: &RedisServer) -> Vec<String> {
+    let key = redislimit_tests::keys::queue("test", "urls");
+    let reply = server.query(&["XINFO", "CONSUMERS", &key, "workers"]);
+    let mut names: Vec<String> = reply
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| match c.as_array()? {
+            [field, name, ..] if field.as_str()? == "name" => Some(name.as_str()?.to_owned()),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_holding_nothing_leaves_and_a_dead_one_is_removed() {
+    let server = RedisServer::start();
+    let (a, b, c) = (queue(&server), queue(&server), queue(&server));
+    let items: Vec<String> = (0..4).map(|i| format!("http://h{i}.test/ {i}")).collect();
+    a.push(&items).await.unwrap();
+    let took_a = a.take("a", 2).await.unwrap();
+    let took_b = b.take("b", 2).await.unwrap();
+    assert_eq!(took_b.len(), 2);
+    assert_eq!(consumers(&server), ["a", "b"]);
+    assert!(!a.leave("a").await.unwrap(), "a still holds two");
+    assert_eq!(consumers(&server), ["a", "b"]);
+    a.ack(&ids(&took_a)).await.unwrap();
+    assert!(a.leave("a").await.unwrap());
+    assert_eq!(consumers(&server), ["b"]);
+    assert!(a.leave("a").await.unwrap(), "out already");
+    assert_eq!(consumers(&server), ["b"]);
+    // b dies holding two: c takes them over once idle, and b (holding
+    // nothing now, idle as long) is removed with it; c stays.
+    tokio::time::sleep(300 * MS).await;
+    let claimed = c
+        .claim_stale("c", Duration::from_millis(250), 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(&claimed), ids(&took_b));
+    assert_eq!(consumers(&server), ["c"]);
+    // Asking again puts a consumer back; one that holds items is not
+    // removed, however idle.
+    c.ack(&ids(&claimed)).await.unwrap();
+    a.push(&items[..2]).await.unwrap();
+    assert_eq!(a.take("a", 2).await.unwrap().len(), 2);
+    assert_eq!(consumers(&server), ["a", "c"]);
+    tokio::time::sleep(300 * MS).await;
+    let idle = Duration::from_millis(250);
+    assert_eq!(c.claim_stale("c", idle, 1).await.unwrap().len(), 1);
+    assert_eq!(consumers(&server), ["a", "c"], "a, idle, still holds one");
+    assert_eq!(c.claim_stale("c", idle, 1).await.unwrap().len(), 1);
+    assert_eq!(consumers(&server), ["c"], "a's last taken over, a removed");
+    // A queue that does not exist: out of it already.
+    let none = SharedQueue::new(standalone(&server.url()), "test", "none").unwrap();
+    assert!(none.leave("a").await.unwrap());
+    assert!(
+        none.claim_stale("a", Duration::ZERO, 1)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -213,6 +213,11 @@ mod shared {
             took += items.len();
             crawl_batch(crawler, &queue, &me, items, args.claim_after, tally).await?;
         }
+        // Out of the queue's group; what a stop kept it from finishing stays
+        // with it, for another replica to take over.
+        if let Err(err) = queue.leave(&me).await {
+            tracing::debug!(error = %redislimit::error::Causes(&err), "could not leave the queue's group");
+        }
         Ok(took)
     }
 

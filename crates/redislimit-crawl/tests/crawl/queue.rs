@@ -172,4 +172,27 @@ async fn replicas_share_a_queue_through_a_kill_and_a_late_start() {
         redislimit_tests::resp::Reply::Integer(0),
         "the queue is empty"
     );
+    // The survivors left the queue's group; the killed replica may still
+    // be in it (it is removed once idle past `--claim-after` when another
+    // looks for stale URLs, which the survivors may have stopped doing).
+    let killed_prefix = format!("crawl-{pid}-");
+    let left_in = consumers(&server, &queue);
+    assert!(
+        left_in.iter().all(|name| name.starts_with(&killed_prefix)),
+        "{left_in:?}"
+    );
+}
+
+/// The names of the consumers in `queue`'s group (`XINFO CONSUMERS`).
+fn consumers(server: &RedisServer, queue: &str) -> Vec<String> {
+    let reply = server.query(&["XINFO", "CONSUMERS", queue, "workers"]);
+    let Some(list) = reply.as_array() else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|c| match c.as_array()? {
+            [field, name, ..] if field.as_str()? == "name" => Some(name.as_str()?.to_owned()),
+            _ => None,
+        })
+        .collect()
 }

@@ -33,6 +33,22 @@ const KEEP: &str = "local n = 0 for i = 2, #ARGV do \
                     if p[1] and p[1][2] == ARGV[1] then \
                     redis.call('XCLAIM', KEYS[1], 'workers', ARGV[1], 0, ARGV[i], 'JUSTID') \
                     n = n + 1 end end return n";
+/// Deletes consumer `ARGV[1]` from the group when it holds no items;
+/// returns 1 when it is out of the group, 0 when it still holds items.
+const LEAVE: &str = "if #redis.call('XPENDING', KEYS[1], 'workers', '-', '+', 1, ARGV[1]) > 0 \
+                     then return 0 end \
+                     redis.call('XGROUP', 'DELCONSUMER', KEYS[1], 'workers', ARGV[1]) return 1";
+/// Deletes the group's consumers that hold no items and have not asked
+/// for any for `ARGV[1]` ms (replicas that ended without leaving, or died
+/// and had their items taken over); returns how many. One that holds
+/// nothing loses nothing, and one that asks again is added back.
+const REAP: &str = "local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], 'workers') \
+                    if not ok then return 0 end \
+                    local n = 0 for _, c in ipairs(consumers) do \
+                    local f = {} for i = 1, #c, 2 do f[c[i]] = c[i + 1] end \
+                    if f['pending'] == 0 and f['idle'] >= tonumber(ARGV[1]) then \
+                    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], 'workers', f['name']) \
+                    n = n + 1 end end return n";
 
 /// Work items shared by any number of replicas: a Redis stream with one
 /// consumer group, as scrapy-redis and URLFrontier keep a crawl's URLs.
@@ -45,7 +61,10 @@ const KEEP: &str = "local n = 0 for i = 2, #ARGV do \
 /// replica that died stop being kept, and [`claim_stale`](Self::claim_stale)
 /// gives them to another once they have been idle long enough. An item is
 /// so taken at most once at a time, unless its replica stalls past the
-/// idle time.
+/// idle time. A replica that is done [`leave`](Self::leave)s the group;
+/// `claim_stale` also removes those that hold nothing and have been idle
+/// as long (a replica that died), so the group does not grow with every
+/// replica ever started.
 ///
 /// Cheap to clone. Errors are [`Error::Unavailable`] (as `Op::Shared`)
 /// when Redis could not be asked.
@@ -122,7 +141,9 @@ impl SharedQueue {
     }
 
     /// Up to `count` items another replica took and has not kept for
-    /// `idle`, now `consumer`'s.
+    /// `idle`, now `consumer`'s. Then the replicas that hold nothing and
+    /// have not asked for anything for `idle` are taken out of the group
+    /// (best effort: a failure there is logged, not returned).
     pub async fn claim_stale(
         &self,
         consumer: &str,
@@ -159,7 +180,32 @@ impl SharedQueue {
                 break;
             }
         }
+        let mut reap = eval(REAP, &self.stream);
+        reap.arg(idle.as_millis().min(u128::from(u64::MAX)) as u64);
+        match self.call::<i64>(&reap).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::debug!(stream = %self.stream, n, "idle queue consumers holding nothing removed")
+            }
+            Err(err) => {
+                tracing::debug!(stream = %self.stream, error = %crate::error::Causes(&err), "could not remove idle queue consumers")
+            }
+        }
         Ok(claimed)
+    }
+
+    /// Takes `consumer` out of the group when it holds no items; whether
+    /// it is out of it now (`false`: it still holds items, which stay with
+    /// it for [`claim_stale`](Self::claim_stale) to give to another). A
+    /// replica calls it when it is done; asking for items again puts it
+    /// back.
+    pub async fn leave(&self, consumer: &str) -> Result<bool, Error> {
+        let mut leave = eval(LEAVE, &self.stream);
+        leave.arg(consumer);
+        match self.raw::<i64>(&leave).await {
+            Err(err) if has_code(&err, "NOGROUP") => Ok(true),
+            left => left.map(|n| n == 1).map_err(|e| e.into_error(Op::Shared)),
+        }
     }
 
     /// Resets the idle time of the items among `ids` that `consumer` still
