@@ -260,8 +260,10 @@ impl Names {
     fn insert(&mut self, name: &str, slot: Arc<Slot>, now: Instant) {
         self.map.insert(name.into(), slot);
         if self.map.len() >= self.sweep_at {
+            // An expired name goes, and so does a lookup nobody waits for
+            // any more (its callers were cancelled): one held only here.
             self.map.retain(|_, slot| {
-                slot.lookup.get().is_none_or(|e| e.expires > now) || Arc::strong_count(slot) > 1
+                slot.lookup.get().is_some_and(|e| e.expires > now) || Arc::strong_count(slot) > 1
             });
             self.sweep_at = (self.map.len() * 2).max(SWEEP_AT);
         }
@@ -414,13 +416,29 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expired_names_are_swept() {
         let (book, _) = book();
-        for i in 0..SWEEP_AT - 1 {
+        for i in 0..SWEEP_AT - 3 {
             key(&book, &format!("h{i}.zero.test")).await;
         }
         tokio::time::advance(FAILED_TTL).await;
+        // A lookup whose caller gave up on it is swept; one still awaited
+        // is kept.
+        let cancelled = book.resolving(&host("slow.test")).unwrap();
+        let waited = tokio::time::timeout(Duration::from_secs(1), cancelled).await;
+        assert!(waited.is_err(), "still looking up");
+        let awaited = book.resolving(&host("unknown.test")).unwrap();
         key(&book, "many.test").await;
-        let names = book.names();
-        assert_eq!(names.map.len(), 1, "only the fresh one is left");
-        assert_eq!(names.sweep_at, SWEEP_AT);
+        {
+            let names = book.names();
+            let mut left: Vec<&str> = names.map.keys().map(|k| &**k).collect();
+            left.sort_unstable();
+            assert_eq!(
+                left,
+                ["many.test", "unknown.test"],
+                "the fresh one, the awaited one"
+            );
+            assert_eq!(names.sweep_at, SWEEP_AT);
+        }
+        awaited.await;
+        assert!(book.resolving(&host("unknown.test")).is_none(), "looked up");
     }
 }
