@@ -1,14 +1,19 @@
 //! Live shared policies: published to a scope with a version, followed by
 //! every `LiveLimiter` of it without losing a host's state; refused before
 //! publishing when invalid; garbage in their key never switches pacing off;
-//! the scope's agreement follows the published version.
+//! the scope's agreement follows the published version; earlier versions'
+//! limiters are let go once what they granted is back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redislimit::{ConfigError, Error, KeyBy, Limiter, Pacing, Policies, RedisLimiter, Rule};
+use redislimit::{
+    ConfigError, Error, KeyBy, Limiter, LiveLimiter, Pacing, Policies, RedisLimiter, Rule,
+};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::record::{Recorder, assert_serialized};
+use redislimit_tests::resp::Reply;
 
 use crate::agreement::assert_mismatch;
 use crate::{MS, bounded, host, limiter, standalone};
@@ -83,6 +88,66 @@ async fn published_policies_are_followed_with_the_hosts_state() {
         2
     );
     live.close(None).await.unwrap();
+}
+
+/// A switch lets the earlier version's limiter go once nothing it granted
+/// is left to land: a permit held across switches keeps its version's
+/// alone, releases through it when dropped, and `close` waits for that
+/// release. The live limiter does not keep every version it ever had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn earlier_versions_are_let_go_once_their_permits_are_back() {
+    let server = RedisServer::start();
+    let publisher = replica(&server, 10 * MS);
+    let live = replica(&server, 10 * MS).live();
+    // How many earlier versions' limiters are alive, as its Debug says.
+    let closing = |live: &LiveLimiter| -> usize {
+        let text = format!("{live:?}");
+        let (_, after) = text.split_once("earlier_versions_closing: ").expect(&text);
+        after
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect(&text)
+    };
+    let a = host("a.test");
+    let held = bounded(5, live.acquire_host("test", a.clone(), None))
+        .await
+        .unwrap();
+    for version in 1..=3 {
+        let policies = gap((10 + version) * MS);
+        let published = bounded(5, publisher.publish_policies(&policies)).await;
+        assert_eq!(published.unwrap(), u64::from(version));
+        assert_eq!(
+            bounded(5, live.refresh()).await.unwrap(),
+            u64::from(version)
+        );
+    }
+    // Versions 1 and 2 granted nothing; version 0's permit is still held.
+    let mut left = closing(&live);
+    for _ in 0..100 {
+        if left <= 1 {
+            break;
+        }
+        tokio::time::sleep(50 * MS).await;
+        left = closing(&live);
+    }
+    assert_eq!(left, 1, "{live:?}");
+    let gate = HostKeys::of("test", a.as_str()).gate;
+    assert_ne!(server.query(&["HGET", &gate, "holder"]), Reply::Bulk(None));
+    drop(held);
+    bounded(10, live.close(None)).await.unwrap();
+    assert_eq!(
+        server.query(&["HGET", &gate, "holder"]),
+        Reply::Bulk(None),
+        "the permit of version 0 was not released when close returned"
+    );
+    for _ in 0..100 {
+        if closing(&live) == 0 {
+            break;
+        }
+        tokio::time::sleep(50 * MS).await;
+    }
+    assert_eq!(closing(&live), 0, "{live:?}");
 }
 
 /// Policies the publisher's builder refuses are not published; garbage in

@@ -25,6 +25,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{Value, cmd};
 use tokio::time::Instant;
 
+use super::core::Core;
 use super::keys::RedisKeys;
 use super::limiter::RedisLimiter;
 use crate::limiter::sealed::{Coordination, Token};
@@ -175,9 +176,11 @@ struct Live {
     switching: tokio::sync::Mutex<()>,
     /// The version in force, announced to the acquires waiting.
     versions: tokio::sync::watch::Sender<u64>,
-    /// The limiters of earlier versions, closing (their last releases
-    /// land through them); `close` waits for them too.
-    retired: std::sync::Mutex<Vec<Arc<dyn Limiter>>>,
+    /// The limiters of earlier versions, closed at the switch; `close`
+    /// waits for those still alive too. Weak: a permit it granted, or a
+    /// release on its way, keeps one alive, and nothing else does, so the
+    /// list holds no more than the versions with something left to land.
+    retired: std::sync::Mutex<Vec<Weak<Core>>>,
     fallback: bool,
     every: Duration,
     /// Whether the task that looks for new versions was started.
@@ -267,6 +270,13 @@ impl LiveLimiter {
 }
 
 impl Live {
+    /// The limiters of earlier versions still alive (see `retired`).
+    fn retired(&self) -> Vec<Arc<Core>> {
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|core| core.strong_count() > 0);
+        retired.iter().filter_map(Weak::upgrade).collect()
+    }
+
     fn current(&self) -> Current {
         self.current
             .read()
@@ -327,10 +337,10 @@ impl Live {
         tokio::spawn(async move {
             let _ = old.close(Some(Instant::now() + lease_ttl)).await;
         });
-        self.retired
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::clone(&current.limiter));
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|core| core.strong_count() > 0);
+        retired.push(Arc::downgrade(&current.redis.core));
+        drop(retired);
         tracing::info!(
             version,
             before = current.version,
@@ -441,16 +451,11 @@ impl Limiter for LiveLimiter {
     /// versions to land their last releases too.
     fn close(&self, deadline: Option<Instant>) -> BoxFuture<'_, Result<(), Error>> {
         let limiter = self.live.current().limiter;
-        let retired = self
-            .live
-            .retired
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let retired = self.live.retired();
         Box::pin(async move {
             let mut closed = limiter.close(deadline).await;
             for old in retired {
-                let done = old.close(deadline).await;
+                let done = super::ops::close(&old, deadline).await;
                 closed = closed.and(done);
             }
             closed
@@ -514,6 +519,7 @@ impl fmt::Debug for LiveLimiter {
             .field("version", &current.version)
             .field("redis", &current.redis)
             .field("fallback", &self.live.fallback)
+            .field("earlier_versions_closing", &self.live.retired().len())
             .finish_non_exhaustive()
     }
 }
