@@ -168,6 +168,29 @@ async fn share_keeps_the_rate_and_cap_of_all_replicas_together() {
     assert!(max_in_flight(&seen) <= 6);
 }
 
+/// Regression: a cap on requests in flight the host stated was not
+/// divided: each replica kept to the whole of it (within its share of the
+/// configured cap), so three sent up to three times what the host allows.
+/// Here the host allows 3 of the 6 configured, each replica's share of
+/// the pace lets it have 2 in flight, and each keeps to 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_divides_a_cap_the_host_stated() {
+    let server = RedisServer::start();
+    let all = replicas(&server, 40 * MS, 6, FallbackPolicy::Share).await;
+    for l in &all {
+        bounded(5, l.cap_host(host("a.test"), 3, Duration::from_secs(60)))
+            .await
+            .unwrap();
+    }
+    let seen = crawl_frozen(&server, &all, Duration::from_secs(2), 300 * MS)
+        .await
+        .host("a.test");
+    let senders: std::collections::BTreeSet<_> = seen.iter().map(|r| r.replica).collect();
+    assert_eq!(senders.len(), REPLICAS, "every replica works: {seen:?}");
+    let most = max_in_flight(&seen);
+    assert!(most <= 3, "{most} in flight, the host allows 3: {seen:?}");
+}
+
 /// Regression: each replica sent once per two of its turns, half its
 /// share: the turn after a send began a few microseconds before the share
 /// let it through, so it waited a whole period for the next. Each replica

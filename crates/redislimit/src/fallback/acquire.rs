@@ -323,7 +323,8 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
     /// replica's last admission through the primary may be that recent),
     /// nor before this replica's own last send + `n` x `min_delay`, and then
     /// `n` x `min_delay` apart, at most `quota / n` per window and
-    /// `max_concurrent / n` in flight.
+    /// `max_concurrent / n` in flight (and `cap / n` of a cap the host
+    /// stated).
     ///
     /// The replicas also take turns: time is cut into `min_delay` slots
     /// (by the wall clock, which replicas share up to their clock offset)
@@ -357,6 +358,15 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         let now = Instant::now();
         if from > now {
             limiter.penalize_host(host.clone(), from - now).await?;
+        }
+        // A cap on requests in flight the host stated is divided as the
+        // configured cap is (each replica keeps to its share of it, at
+        // least one), for as long as it holds.
+        if let Some((cap, until)) = self.fallback.stated_cap(host) {
+            let window = until.saturating_duration_since(now);
+            limiter
+                .cap_host(host.clone(), (cap / n).max(1), window)
+                .await?;
         }
         // A request heavier than this replica's share of the cap or quota
         // takes the whole share.

@@ -125,6 +125,12 @@ impl HostState {
         self.rare.as_ref().and_then(|r| r.last_sent)
     }
 
+    /// The cap on requests in flight the host stated, and until when it
+    /// holds (it may have lapsed).
+    pub(crate) fn stated_cap(&self) -> Option<(u32, Instant)> {
+        self.rare.as_ref().and_then(|r| r.stated_cap)
+    }
+
     /// Requests in flight, by weight.
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight

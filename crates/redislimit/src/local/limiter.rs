@@ -172,6 +172,17 @@ impl DomainLimiter {
             .and_then(|entry| entry.state.last_sent())
     }
 
+    /// The cap on requests in flight `host` stated (see
+    /// [`Limiter::cap_host`]) while it holds.
+    pub(crate) fn stated_cap(&self, host: &HostKey) -> Option<(u32, Instant)> {
+        let key = self.inner.policies.key(host);
+        let stated = lock(self.inner.shard(&key))
+            .hosts
+            .get(&key)
+            .and_then(|entry| entry.state.stated_cap());
+        stated.filter(|&(_, until)| until > Instant::now())
+    }
+
     /// How many hosts this limiter holds state for: those with requests in
     /// flight or waiting, and those whose delays, penalties or quota window
     /// have not yet elapsed.
