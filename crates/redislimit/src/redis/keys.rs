@@ -32,13 +32,24 @@ impl RedisKeys {
     /// The keys of `host` in `scope` under `prefix`.
     pub(crate) fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
         let tag = tag(&[prefix, scope, host.as_str()]);
-        let base = format!("{prefix}:{scope}:{{{tag}}}");
+        // Built by hand rather than by `format!`: this runs for every
+        // acquire and every release.
+        let mut base = String::with_capacity(prefix.len() + scope.len() + tag.len() + 4);
+        for part in [prefix, ":", scope, ":{", &tag, "}:"] {
+            base.push_str(part);
+        }
+        let key = |role: &str| {
+            let mut key = String::with_capacity(base.len() + role.len());
+            key.push_str(&base);
+            key.push_str(role);
+            key
+        };
         Self {
-            gate: format!("{base}:gate"),
-            leases: format!("{base}:leases"),
-            admits: format!("{base}:admits"),
-            void: format!("{base}:void"),
-            waiting: format!("{base}:waiting"),
+            gate: key("gate"),
+            leases: key("leases"),
+            admits: key("admits"),
+            void: key("void"),
+            waiting: key("waiting"),
         }
     }
 
@@ -119,9 +130,11 @@ fn tag(parts: &[&str]) -> String {
         digest.update(part.as_bytes());
     }
     let digest = digest.finalize();
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut tag = String::with_capacity(32);
     for byte in &digest[..16] {
-        tag.push_str(&format!("{byte:02x}"));
+        tag.push(char::from(HEX[usize::from(byte >> 4)]));
+        tag.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
     tag
 }
@@ -172,6 +185,20 @@ mod tests {
         assert_eq!(tag.len(), 32);
         assert!(k.all().iter().all(|key| hash_tag(key) == tag));
         assert!(k.gate.starts_with("redislimit:domain:{"));
+        // The layout, against a tag computed another way.
+        let mut digest = Sha256::new();
+        for part in ["redislimit", "domain", "example.com"] {
+            digest.update((part.len() as u64).to_be_bytes());
+            digest.update(part.as_bytes());
+        }
+        let hex: String = digest.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let base = format!("redislimit:domain:{{{hex}}}:");
+        let roles = ["gate", "leases", "admits", "void", "waiting"];
+        let expected: Vec<String> = roles.iter().map(|r| format!("{base}{r}")).collect();
+        assert_eq!(k.all().to_vec(), expected);
     }
 
     #[test]
