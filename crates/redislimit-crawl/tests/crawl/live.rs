@@ -108,6 +108,36 @@ jitter = "50ms"
     assert_eq!(second, first.replace("# version 1 ", "# version 2 "));
 }
 
+/// With Redis down, `crawl policy show` and `push` fail at once (exit 2)
+/// saying so, rather than hang or print that nothing is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_show_and_push_say_when_redis_is_down() {
+    let server = RedisServer::start();
+    let redis = server.url();
+    server.kill();
+    let dir = tempdir();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, "[default]\nmin_delay = \"250ms\"\n").unwrap();
+    let file = file.display().to_string();
+    for args in [
+        vec!["policy", "show", "--redis", &redis],
+        vec!["policy", "push", &file, "--redis", &redis],
+    ] {
+        let run = tokio::process::Command::new(crawl_binary())
+            .args(&args)
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} did not end"))
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(said.contains("Redis does not answer"), "{args:?}: {said}");
+        assert!(out.stdout.is_empty(), "{args:?}: {:?}", out.stdout);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_pushed_mid_crawl_reaches_every_replica_within_a_lease_ttl() {
     let _turn = crate::one_at_a_time().await;
