@@ -532,6 +532,34 @@ async fn one_replica_cut_off_alone_keeps_the_shared_limit() {
     assert!(max_in_flight(&seen) <= 6);
 }
 
+/// Regression: with one replica cut off alone, the others kept the whole
+/// of a cap the host stated (less nothing for the cut-off replica's
+/// share of it, as they do for the configured cap), and the cut-off
+/// replica kept its share of the configured cap: up to 5 in flight where
+/// the host allows 3. Each now leaves the others' shares of it free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_cut_off_alone_keeps_a_cap_the_host_stated() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.addr()).await;
+    let (url, cut) = (server.url(), proxy.url());
+    let all = replicas_at(&[&url, &url, &cut], 40 * MS, 6, FallbackPolicy::Share).await;
+    for l in &all {
+        bounded(5, l.cap_host(host("a.test"), 3, Duration::from_secs(60)))
+            .await
+            .unwrap();
+    }
+    proxy.stall();
+    let seen = crawl(&all, &["a.test"], Duration::from_secs(6), 300 * MS).await;
+    proxy.resume();
+    let seen = seen.host("a.test");
+    assert!(
+        seen.iter().filter(|r| r.replica == 2).count() >= 2,
+        "the cut-off replica kept working: {seen:?}"
+    );
+    let most = max_in_flight(&seen);
+    assert!(most <= 3, "{most} in flight, the host allows 3: {seen:?}");
+}
+
 /// Regression: in serialized mode, a replica cut off alone served the hosts
 /// it owns during an outage (`Partition`) at the whole rate while the others
 /// served them through Redis: overlapping requests, a 1 ms gap. Now the

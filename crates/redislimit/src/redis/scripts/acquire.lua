@@ -25,7 +25,8 @@
 --         of those replicas. Each sends on its own at the start of its
 --         turns (slots `index`, `index + n`, ... of `min_delay` on the
 --         clock), up to the tolerance late: no admission here comes closer
---         to one than `min_delay` less the tolerance (see clear_of_turns).
+--         to one than `min_delay` less the tolerance (see clear_of_turns),
+--         and a cap the host stated is less their shares of it.
 --
 -- Returns `now` (an integer, the Redis clock in µs) when admitted at once,
 -- {1, now, ahead} when booked for a send in `ahead` µs (the slot is booked
@@ -82,10 +83,18 @@ local nxt, holder, busy
 if ok then
   nxt, holder, busy = number(state[1]), state[2], number(state[3])
   -- A cap the host stated (penalize.lua's cap mode) lowers the configured
-  -- one until it lapses; a request heavier than it goes alone.
+  -- one until it lapses; a request heavier than it goes alone. The
+  -- replicas cut off from Redis (ARGV[15..] of n) each keep their share
+  -- of it (at least 1), as of the configured cap (ARGV[3] is less theirs).
   local stated, stated_until = tonumber(state[4]), tonumber(state[5])
-  if cap ~= 0 and stated and stated_until and stated_until > now and stated < cap then
-    cap = math.max(stated, weight)
+  if cap ~= 0 and stated and stated_until and stated_until > now then
+    local n = tonumber(ARGV[14])
+    if n and n > 0 then
+      stated = stated - (#ARGV - 14) * math.max(1, math.floor(stated / n))
+    end
+    if stated < cap then
+      cap = math.max(stated, weight)
+    end
   end
 end
 -- Anything but garbage (out of memory, say) is raised, not healed.
