@@ -361,12 +361,15 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         }
         // A cap on requests in flight the host stated is divided as the
         // configured cap is (each replica keeps to its share of it, at
-        // least one), for as long as it holds.
+        // least one), for as long as it holds; stated to the share again
+        // only when the host restated it.
         if let Some((cap, until)) = self.fallback.stated_cap(host) {
-            let window = until.saturating_duration_since(now);
-            limiter
-                .cap_host(host.clone(), (cap / n).max(1), window)
-                .await?;
+            let share = (cap / n).max(1);
+            let stated = limiter.stated_cap(host);
+            if !stated.is_some_and(|(c, u)| c == share && u >= until) {
+                let window = until.saturating_duration_since(now);
+                limiter.cap_host(host.clone(), share, window).await?;
+            }
         }
         // A request heavier than this replica's share of the cap or quota
         // takes the whole share.

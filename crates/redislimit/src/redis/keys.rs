@@ -33,8 +33,8 @@ impl RedisKeys {
     pub(crate) fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
         let tag = tag(&[prefix, scope, host.as_str()]);
         // Built by hand rather than by `format!`: this runs for every
-        // acquire and every release.
-        let mut base = String::with_capacity(prefix.len() + scope.len() + tag.len() + 4);
+        // acquire.
+        let mut base = String::with_capacity(prefix.len() + scope.len() + tag.len() + 5);
         for part in [prefix, ":", scope, ":{", &tag, "}:"] {
             base.push_str(part);
         }

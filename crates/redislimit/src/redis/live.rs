@@ -177,9 +177,10 @@ struct Live {
     /// The version in force, announced to the acquires waiting.
     versions: tokio::sync::watch::Sender<u64>,
     /// The limiters of earlier versions, closed at the switch; `close`
-    /// waits for those still alive too. Weak: a permit it granted, or a
-    /// release on its way, keeps one alive, and nothing else does, so the
-    /// list holds no more than the versions with something left to land.
+    /// waits for those still alive too. Weak: what an earlier version has
+    /// left to land (its permits, its releases on their way) keeps it
+    /// alive, as do its acquires winding down and handles given out
+    /// (`redis()`, `fallback()`), each for a while; this list does not.
     retired: std::sync::Mutex<Vec<Weak<Core>>>,
     fallback: bool,
     every: Duration,
@@ -328,6 +329,11 @@ impl Live {
             Err(err) => return Err(refused(err.into(), version)),
         };
         let lease_ttl = current.redis.core.settings.lease_ttl;
+        // Retired before the switch: a `close` from here on waits for it.
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|core| core.strong_count() > 0);
+        retired.push(Arc::downgrade(&current.redis.core));
+        drop(retired);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) =
             Current::new(version, redis, self.fallback);
         self.versions.send_replace(version);
@@ -337,10 +343,6 @@ impl Live {
         tokio::spawn(async move {
             let _ = old.close(Some(Instant::now() + lease_ttl)).await;
         });
-        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
-        retired.retain(|core| core.strong_count() > 0);
-        retired.push(Arc::downgrade(&current.redis.core));
-        drop(retired);
         tracing::info!(
             version,
             before = current.version,

@@ -35,12 +35,16 @@ const KEEP: &str = "local n = 0 for i = 2, #ARGV do \
                     n = n + 1 end end return n";
 /// Deletes consumer `ARGV[1]` from the group when it holds no items;
 /// returns 1 when it is out of the group, 0 when it still holds items.
-const LEAVE: &str = "if #redis.call('XPENDING', KEYS[1], 'workers', '-', '+', 1, ARGV[1]) > 0 \
-                     then return 0 end \
+const LEAVE: &str = "local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], 'workers', '-', '+', 1, ARGV[1]) \
+                     if not ok then local e = type(p) == 'table' and p.err or tostring(p) \
+                     if string.find(e, 'NOGROUP', 1, true) then return 1 end \
+                     return redis.error_reply(e) end \
+                     if #p > 0 then return 0 end \
                      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], 'workers', ARGV[1]) return 1";
-/// Deletes the group's consumers that hold no items and have not asked
-/// for any for `ARGV[1]` ms (replicas that ended without leaving, or died
-/// and had their items taken over); returns how many. One that holds
+/// Deletes the group's consumers that hold no items and have been idle
+/// for `ARGV[1]` ms as `XINFO CONSUMERS` counts it (replicas that ended
+/// without leaving, or died and had their items taken over); returns how
+/// many. One that holds
 /// nothing loses nothing, and one that asks again is added back.
 const REAP: &str = "local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], 'workers') \
                     if not ok then return 0 end \
@@ -142,8 +146,10 @@ impl SharedQueue {
 
     /// Up to `count` items another replica took and has not kept for
     /// `idle`, now `consumer`'s. Then the replicas that hold nothing and
-    /// have not asked for anything for `idle` are taken out of the group
-    /// (best effort: a failure there is logged, not returned).
+    /// have been idle for `idle` as Redis counts it (a replica asking an
+    /// empty queue may count as idle) are taken out of the group (best
+    /// effort: a failure there is logged, not returned). Taking one out
+    /// loses nothing: asking for items again puts it back.
     pub async fn claim_stale(
         &self,
         consumer: &str,
