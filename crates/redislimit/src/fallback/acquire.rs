@@ -11,7 +11,8 @@ use tokio::time::Instant;
 
 use super::adoption::{Adopted, Adoptee, Adoptions, Deferred};
 use super::plan::{
-    DEFER_RETRY, OutagePlan, Plan, turn_lead, turn_left, turn_window, until_turn, wall_clock,
+    DEFER_RETRY, OutagePlan, Plan, stated_share, turn_lead, turn_left, turn_window, until_turn,
+    wall_clock,
 };
 use super::shares::Shares;
 use crate::hooks::WaitReport;
@@ -79,6 +80,14 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // is the send it records, and one by the fallback keeps the
             // turns too.
             let (turn, turn_ends) = match self.shares.turns(Instant::now()) {
+                Some(turns) if self.no_part(&host, turns) => {
+                    drop(local);
+                    if let Err((retry, deadline)) = self.defer(&key, deadline).await {
+                        let now = Instant::now();
+                        return Err(report.over_budget(retry, deadline, now));
+                    }
+                    continue;
+                }
                 Some(turns) => {
                     let (permit, ends) = self
                         .share(turns, false, engine, &host, deadline, request)
@@ -216,17 +225,14 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // the latest send this process made. A turn taken for the
             // primary is given back too: the outage takes its own.
             drop(local);
-            if plan == Plan::Defer {
-                // Another replica serves this host during the outage.
-                self.deferred.add(&key);
-                let retry = after(now, DEFER_RETRY);
-                match deadline {
-                    Some(deadline) if retry >= deadline => {
-                        tokio::time::sleep_until(deadline).await;
-                        let now = Instant::now();
-                        return Err(report.over_budget(retry, deadline, now));
-                    }
-                    _ => tokio::time::sleep_until(retry).await,
+            let deferred = plan == Plan::Defer
+                || matches!(plan, Plan::Share { n, index } if self.no_part(&host, (n, index)));
+            if deferred {
+                // Another replica serves this host during the outage (or
+                // has the whole of the cap it stated).
+                if let Err((retry, deadline)) = self.defer(&key, deadline).await {
+                    let now = Instant::now();
+                    return Err(report.over_budget(retry, deadline, now));
                 }
                 continue;
             }
@@ -308,6 +314,39 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         }
     }
 
+    /// Whether this replica's part of a cap on requests in flight `host`
+    /// stated is none, replica `index` of `n` dividing it (see
+    /// `stated_share`): the others then serve the host while the
+    /// statement holds.
+    fn no_part(&self, host: &HostKey, (n, index): (u32, u32)) -> bool {
+        self.fallback
+            .stated_cap(host)
+            .is_some_and(|(cap, _)| stated_share(cap, n, index) == 0)
+    }
+
+    /// Waits while another replica serves `key` (the outage's plan, or
+    /// the parts of a cap it stated), then the caller asks again: for
+    /// [`DEFER_RETRY`], or fails at `deadline` when that comes first (with
+    /// when the retry would have been, and the deadline).
+    async fn defer(
+        &self,
+        key: &HostKey,
+        deadline: Option<Instant>,
+    ) -> Result<(), (Instant, Instant)> {
+        self.deferred.add(key);
+        let retry = after(Instant::now(), DEFER_RETRY);
+        match deadline {
+            Some(deadline) if retry >= deadline => {
+                tokio::time::sleep_until(deadline).await;
+                Err((retry, deadline))
+            }
+            _ => {
+                tokio::time::sleep_until(retry).await;
+                Ok(())
+            }
+        }
+    }
+
     /// The primary answered: the share's grace starts (once its turns end,
     /// this replica asks it as the others do), and pacing is shared again.
     fn answered(&self) {
@@ -323,8 +362,8 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
     /// replica's last admission through the primary may be that recent),
     /// nor before this replica's own last send + `n` x `min_delay`, and then
     /// `n` x `min_delay` apart, at most `quota / n` per window and
-    /// `max_concurrent / n` in flight (and `cap / n` of a cap the host
-    /// stated).
+    /// `max_concurrent / n` in flight (and its part of a cap the host
+    /// stated, see `stated_share`).
     ///
     /// The replicas also take turns: time is cut into `min_delay` slots
     /// (by the wall clock, which replicas share up to their clock offset)
@@ -359,12 +398,12 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         if from > now {
             limiter.penalize_host(host.clone(), from - now).await?;
         }
-        // A cap on requests in flight the host stated is divided as the
-        // configured cap is (each replica keeps to its share of it, at
-        // least one), for as long as it holds; stated to the share again
-        // only when the host restated it.
+        // A cap on requests in flight the host stated is divided among the
+        // replicas, for as long as it holds (stated to the share again only
+        // when the host restated it). A replica whose part is none is not
+        // here (see `no_part`), unless the host stated the cap since.
         if let Some((cap, until)) = self.fallback.stated_cap(host) {
-            let share = (cap / n).max(1);
+            let share = stated_share(cap, n, index).max(1);
             let stated = limiter.stated_cap(host);
             if !stated.is_some_and(|(c, u)| c == share && u >= until) {
                 let window = until.saturating_duration_since(now);

@@ -143,6 +143,16 @@ pub(super) fn turn_lead(gap: Duration) -> Duration {
     (gap / 2).min(Duration::from_millis(100))
 }
 
+/// Replica `index`'s part of a cap on requests in flight of `cap` that
+/// `n` replicas divide: `cap / n`, and one more for the first `cap % n`
+/// of them, so that the parts add up to the cap; 0 for the replicas past
+/// the cap when it is below `n`. acquire.lua takes the lapsed replicas'
+/// parts of a cap the host stated off it the same way.
+pub(super) fn stated_share(cap: u32, n: u32, index: u32) -> u32 {
+    let n = n.max(1);
+    cap / n + u32::from(index < cap % n)
+}
+
 /// How soon a deferred acquire asks the primary again.
 pub(super) const DEFER_RETRY: Duration = Duration::from_secs(1);
 
@@ -226,6 +236,26 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_stated_cap_divides_into_parts_that_add_up_to_it() {
+        for n in 1..=9 {
+            for cap in 1..=20 {
+                let parts: Vec<u32> = (0..n).map(|i| stated_share(cap, n, i)).collect();
+                assert_eq!(parts.iter().sum::<u32>(), cap, "{cap} / {n}: {parts:?}");
+                let (most, least) = (parts.iter().max().unwrap(), parts.iter().min().unwrap());
+                assert!(most - least <= 1, "{cap} / {n}: {parts:?}");
+            }
+        }
+        assert_eq!(
+            (0..3).map(|i| stated_share(2, 3, i)).collect::<Vec<_>>(),
+            [1, 1, 0]
+        );
+        assert_eq!(
+            (0..3).map(|i| stated_share(5, 3, i)).collect::<Vec<_>>(),
+            [2, 2, 1]
+        );
+    }
 
     #[test]
     fn turns_come_at_the_start_of_each_replicas_slots() {

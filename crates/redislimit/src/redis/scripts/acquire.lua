@@ -26,7 +26,7 @@
 --         turns (slots `index`, `index + n`, ... of `min_delay` on the
 --         clock), up to the tolerance late: no admission here comes closer
 --         to one than `min_delay` less the tolerance (see clear_of_turns),
---         and a cap the host stated is less their shares of it.
+--         and a cap the host stated is less their parts of it.
 --
 -- Returns `now` (an integer, the Redis clock in µs) when admitted at once,
 -- {1, now, ahead} when booked for a send in `ahead` µs (the slot is booked
@@ -77,6 +77,7 @@ local now = clock()
 
 -- Everything this script decides on is read (and checked) before anything
 -- is written; the only writes before the check drop expired entries.
+local none_left = false
 local ok_void, voided = pcall(redis.call, 'ZSCORE', void, token)
 local ok, state = pcall(redis.call, 'HMGET', gate, 'next', 'holder', 'busy', 'cap', 'cap_until')
 local nxt, holder, busy
@@ -84,15 +85,25 @@ if ok then
   nxt, holder, busy = number(state[1]), state[2], number(state[3])
   -- A cap the host stated (penalize.lua's cap mode) lowers the configured
   -- one until it lapses; a request heavier than it goes alone. The
-  -- replicas cut off from Redis (ARGV[15..] of n) each keep their share
-  -- of it (at least 1), as of the configured cap (ARGV[3] is less theirs).
+  -- replicas cut off from Redis (turns ARGV[15..] of n) keep their parts
+  -- of it, as of the configured cap (ARGV[3] is less theirs): turn i's is
+  -- floor(stated / n), one more when i < stated % n (stated_share in
+  -- fallback/plan.rs). With nothing left, nothing is admitted here.
   local stated, stated_until = tonumber(state[4]), tonumber(state[5])
   if cap ~= 0 and stated and stated_until and stated_until > now then
     local n = tonumber(ARGV[14])
     if n and n > 0 then
-      stated = stated - (#ARGV - 14) * math.max(1, math.floor(stated / n))
+      local each, extra = math.floor(stated / n), stated % n
+      for i = 15, #ARGV do
+        stated = stated - each
+        if tonumber(ARGV[i]) < extra then
+          stated = stated - 1
+        end
+      end
     end
-    if stated < cap then
+    if stated < 1 then
+      none_left = true
+    elseif stated < cap then
       cap = math.max(stated, weight)
     end
   end
@@ -160,7 +171,7 @@ if cap == 0 then
       nxt = math.max(nxt, busy + min_delay)
     end
   end
-elseif in_flight + weight > cap then
+elseif in_flight + weight > cap or none_left then
   full = 1
 end
 
