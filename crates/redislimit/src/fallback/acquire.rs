@@ -79,15 +79,11 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // the primary is asked, so that an admission by the primary
             // is the send it records, and one by the fallback keeps the
             // turns too.
+            // A replica whose part of a cap the host stated is none takes
+            // no turn: it asks the primary, and waits while it does not
+            // answer (below), as for a host another replica serves.
             let (turn, turn_ends) = match self.shares.turns(Instant::now()) {
-                Some(turns) if self.no_part(&host, turns) => {
-                    drop(local);
-                    if let Err((retry, deadline)) = self.defer(&key, deadline).await {
-                        let now = Instant::now();
-                        return Err(report.over_budget(retry, deadline, now));
-                    }
-                    continue;
-                }
+                Some(turns) if self.no_part(&host, turns) => (None, None),
                 Some(turns) => {
                     let (permit, ends) = self
                         .share(turns, false, engine, &host, deadline, request)
