@@ -1154,3 +1154,101 @@ fn admissions_keep_clear_of_the_turns_of_cut_off_replicas() {
         }
     }
 }
+
+/// How many acquires at one instant `sources`' acquire.lua (run the `path` way)
+/// admits for a host that stated a cap of `stated` in flight, while the replicas of
+/// turns `lapsed` among `n` are cut off from Redis, against the parts they keep of
+/// it (turn `i`: `stated / n`, one more when `i < stated % n`, as the fallback's
+/// `stated_share` gives them); `Err` names the first case that disagrees.
+fn stated_cap_cases(conn: &mut Connection, sources: &Sources, path: Path) -> Result<(), String> {
+    let acquire = load(conn, sources, path).acquire;
+    let now: i64 = 1_000_000_000;
+    for n in 2..=5i64 {
+        for stated in 1..=7i64 {
+            for picks in 1..(1i64 << n) {
+                let lapsed: Vec<i64> = (0..n).filter(|i| picks & (1 << i) != 0).collect();
+                let part = |i: i64| stated / n + i64::from(i < stated % n);
+                let want = (stated - lapsed.iter().map(|&i| part(i)).sum::<i64>()).max(0);
+                conn.query(&["FLUSHDB"]).unwrap();
+                conn.query(&["SET", CLOCK, &now.to_string()]).unwrap();
+                let until = (now + 1_000_000_000).to_string();
+                let stated_text = stated.to_string();
+                conn.query(&["HSET", KEYS[0], "cap", &stated_text, "cap_until", &until])
+                    .unwrap();
+                let mut admitted = 0;
+                for req in 0..10 {
+                    let mut args: Vec<String> = [
+                        format!("t{req}"),
+                        "0".into(),
+                        "100".into(),
+                        "60000000".into(),
+                        "0".into(),
+                        "0".into(),
+                        "600000000".into(),
+                        "1".into(),
+                        "0".into(),
+                        "0".into(),
+                        "0".into(),
+                        "0".into(),
+                        TOLERANCE.to_string(),
+                        n.to_string(),
+                    ]
+                    .into();
+                    args.extend(lapsed.iter().map(i64::to_string));
+                    let c = acquire.with(&KEYS, &args);
+                    let c: Vec<&str> = c.iter().map(String::as_str).collect();
+                    match conn.query(&c).unwrap() {
+                        Reply::Integer(_) => admitted += 1,
+                        Reply::Array(Some(items))
+                            if matches!(
+                                items.as_slice(),
+                                [Reply::Integer(0), _, Reply::Integer(1)]
+                            ) =>
+                        {
+                            break;
+                        }
+                        other => return Err(format!("unexpected reply {other:?}")),
+                    }
+                }
+                if admitted != want {
+                    return Err(format!(
+                        "stated {stated}, n {n}, lapsed {lapsed:?}: {admitted} admitted, {want} left"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// While replicas cut off from Redis send on their own, acquire.lua takes their
+/// parts of a cap the host stated off it, and admits nothing when none is left;
+/// two deliberate bugs in it are each caught.
+#[test]
+fn a_stated_cap_leaves_the_cut_off_replicas_parts_free() {
+    let server = RedisServer::start();
+    let mut conn = Connection::open(server.addr(), DEFAULT_TIMEOUT).unwrap();
+    for path in Path::BOTH {
+        stated_cap_cases(&mut conn, &Sources::real(), path).unwrap();
+    }
+    for (bug, sources) in [
+        (
+            "the remainder goes to one turn too many",
+            Sources::acquire_with(
+                "if tonumber(ARGV[i]) < extra then",
+                "if tonumber(ARGV[i]) <= extra then",
+            ),
+        ),
+        (
+            "with nothing left, one is admitted",
+            Sources::acquire_with("none_left = true", "none_left = false"),
+        ),
+    ] {
+        for path in Path::BOTH {
+            assert!(
+                stated_cap_cases(&mut conn, &sources, path).is_err(),
+                "{bug}, {path:?}: the cases did not notice"
+            );
+        }
+    }
+}

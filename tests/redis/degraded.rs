@@ -201,6 +201,44 @@ async fn share_divides_a_cap_the_host_stated() {
     }
 }
 
+/// A replica whose part of a stated cap is none, taking turns for another
+/// host (its share is active), takes no turn for this one: it leaves it
+/// to the others, and keeps sending to the other host at its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_no_part_of_a_stated_cap_still_takes_turns_elsewhere() {
+    let server = RedisServer::start();
+    let all = replicas(&server, 40 * MS, 6, FallbackPolicy::Share).await;
+    for l in &all {
+        bounded(5, l.cap_host(host("a.test"), 2, Duration::from_secs(60)))
+            .await
+            .unwrap();
+    }
+    server.pause();
+    let seen = crawl(
+        &all,
+        &["a.test", "b.test"],
+        ALONE_AFTER + Duration::from_secs(3),
+        300 * MS,
+    )
+    .await;
+    server.resume();
+    let (a, b) = (seen.host("a.test"), seen.host("b.test"));
+    let senders = |seen: &[_]| -> std::collections::BTreeSet<usize> {
+        seen.iter()
+            .map(|r: &redislimit_tests::record::Request| r.replica)
+            .collect()
+    };
+    assert_eq!(senders(&a).len(), 2, "two replicas have a part: {a:?}");
+    let most = max_in_flight(&a);
+    assert!(most <= 2, "{most} in flight, the host allows 2: {a:?}");
+    assert_eq!(
+        senders(&b).len(),
+        REPLICAS,
+        "every replica sends to b: {b:?}"
+    );
+    assert!(max_in_flight(&b) <= 6);
+}
+
 /// Regression: each replica sent once per two of its turns, half its
 /// share: the turn after a send began a few microseconds before the share
 /// let it through, so it waited a whole period for the next. Each replica

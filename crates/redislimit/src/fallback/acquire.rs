@@ -80,10 +80,24 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // is the send it records, and one by the fallback keeps the
             // turns too.
             // A replica whose part of a cap the host stated is none takes
-            // no turn: it asks the primary, and waits while it does not
-            // answer (below), as for a host another replica serves.
+            // no turn, as for a host another replica serves: through the
+            // outage it asks the primary (waiting below while it does not
+            // answer); in the grace after it, while the others may still
+            // send their parts, it waits. Either way its first admission
+            // by the primary is given back (see `Deferred`).
             let (turn, turn_ends) = match self.shares.turns(Instant::now()) {
-                Some(turns) if self.no_part(&host, turns) => (None, None),
+                Some(turns) if self.no_part(&host, turns) => {
+                    self.deferred.mark(&key);
+                    if !self.shares.unanswered() {
+                        drop(local);
+                        if let Err((retry, deadline)) = defer(deadline).await {
+                            let now = Instant::now();
+                            return Err(report.over_budget(retry, deadline, now));
+                        }
+                        continue;
+                    }
+                    (None, None)
+                }
                 Some(turns) => {
                     let (permit, ends) = self
                         .share(turns, false, engine, &host, deadline, request)
@@ -226,7 +240,8 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             if deferred {
                 // Another replica serves this host during the outage (or
                 // has the whole of the cap it stated).
-                if let Err((retry, deadline)) = self.defer(&key, deadline).await {
+                self.deferred.add(&key);
+                if let Err((retry, deadline)) = defer(deadline).await {
                     let now = Instant::now();
                     return Err(report.over_budget(retry, deadline, now));
                 }
@@ -318,29 +333,6 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         self.fallback
             .stated_cap(host)
             .is_some_and(|(cap, _)| stated_share(cap, n, index) == 0)
-    }
-
-    /// Waits while another replica serves `key` (the outage's plan, or
-    /// the parts of a cap it stated), then the caller asks again: for
-    /// [`DEFER_RETRY`], or fails at `deadline` when that comes first (with
-    /// when the retry would have been, and the deadline).
-    async fn defer(
-        &self,
-        key: &HostKey,
-        deadline: Option<Instant>,
-    ) -> Result<(), (Instant, Instant)> {
-        self.deferred.add(key);
-        let retry = after(Instant::now(), DEFER_RETRY);
-        match deadline {
-            Some(deadline) if retry >= deadline => {
-                tokio::time::sleep_until(deadline).await;
-                Err((retry, deadline))
-            }
-            _ => {
-                tokio::time::sleep_until(retry).await;
-                Ok(())
-            }
-        }
     }
 
     /// The primary answered: the share's grace starts (once its turns end,
@@ -533,5 +525,23 @@ fn answers<P: Limiter + ?Sized>(
             crate::limiter::coordination(primary).is_some_and(|c| c.answered_since(asking))
         }
         Err(_) => false,
+    }
+}
+
+/// Waits while another replica serves a host (the outage's plan, or the
+/// parts of a cap it stated), then the caller asks again: for
+/// [`DEFER_RETRY`], or fails at `deadline` when that comes first (with
+/// when the retry would have been, and the deadline).
+async fn defer(deadline: Option<Instant>) -> Result<(), (Instant, Instant)> {
+    let retry = after(Instant::now(), DEFER_RETRY);
+    match deadline {
+        Some(deadline) if retry >= deadline => {
+            tokio::time::sleep_until(deadline).await;
+            Err((retry, deadline))
+        }
+        _ => {
+            tokio::time::sleep_until(retry).await;
+            Ok(())
+        }
     }
 }

@@ -47,6 +47,18 @@ impl Deferred {
         self.any.store(true, Ordering::Release);
     }
 
+    /// `key` was deferred to another replica, unless it is already (or
+    /// its first admission since is still settling): unlike
+    /// [`add`](Self::add), asking again does not start the hold again.
+    pub(super) fn mark(&self, key: &HostKey) {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = keys.entry(key.clone()).or_insert(None);
+        if entry.is_some_and(|until| until <= Instant::now()) {
+            *entry = None;
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
     /// Until when an admission of `key` by the primary at `now` is given
     /// back: [`SETTLE`] after the first since it was deferred; `None` once
     /// that has passed (or it was not deferred), when it is forgotten.
