@@ -253,8 +253,10 @@ mod shared {
     }
 
     /// Crawls `items`, keeping them every quarter of `claim_after` until
-    /// each is reported, then acknowledging it; those a stop kept from
-    /// starting stay in the queue for another replica.
+    /// each is reported and acknowledged; those a stop kept from starting
+    /// stay in the queue for another replica. An item reported is kept
+    /// until its acknowledgement lands, so that a Redis that stops
+    /// answering for a while does not have another replica fetch it again.
     async fn crawl_batch(
         crawler: &Crawler,
         queue: &SharedQueue,
@@ -300,13 +302,14 @@ mod shared {
         });
         let (done, mut acks) = mpsc::unbounded_channel::<Vec<String>>();
         let acker = tokio::spawn({
-            let queue = queue.clone();
+            let (queue, held) = (queue.clone(), Arc::clone(&held));
             async move {
                 while let Some(mut batch) = acks.recv().await {
                     while let Ok(more) = acks.try_recv() {
                         batch.extend(more);
                     }
-                    ack(&queue, &batch).await;
+                    ack(&queue, &batch, claim_after).await;
+                    lock(&held).retain(|id| !batch.contains(id));
                 }
             }
         });
@@ -320,7 +323,6 @@ mod shared {
                     && crawler.fatal().is_none()
                     && let Some(finished) = ids.remove(&fetched.url)
                 {
-                    lock(&held).retain(|id| !finished.contains(id));
                     let _ = done.send(finished);
                 }
             })
@@ -331,16 +333,25 @@ mod shared {
         crawled.map(drop)
     }
 
-    /// Acknowledges `ids`, trying three times.
-    async fn ack(queue: &SharedQueue, ids: &[String]) {
-        for attempt in 1..=3 {
-            match queue.ack(ids).await {
-                Ok(()) => return,
-                Err(err) => {
-                    tracing::warn!(attempt, error = %redislimit::error::Causes(&err), "could not acknowledge URLs in the queue; they may be fetched again");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+    /// Acknowledges `ids`, trying again (200 ms apart, then longer, at
+    /// most 2 s) for up to `claim_after`: past that another replica may
+    /// have taken them over anyway.
+    async fn ack(queue: &SharedQueue, ids: &[String], claim_after: Duration) {
+        let give_up = tokio::time::Instant::now() + claim_after;
+        let mut pause = Duration::from_millis(200);
+        for attempt in 1.. {
+            let Err(err) = queue.ack(ids).await else {
+                return;
+            };
+            if tokio::time::Instant::now() + pause >= give_up {
+                tracing::warn!(attempt, error = %redislimit::error::Causes(&err), urls = ids.len(), "could not acknowledge URLs in the queue; they may be fetched again");
+                return;
             }
+            if attempt == 1 {
+                tracing::warn!(error = %redislimit::error::Causes(&err), urls = ids.len(), "could not acknowledge URLs in the queue; trying again");
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
 

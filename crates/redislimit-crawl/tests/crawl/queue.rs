@@ -44,6 +44,20 @@ fn pending_of(server: &RedisServer, queue: &str, pid: u32) -> i64 {
         .sum()
 }
 
+/// Fills the queue of `server` with the lines of `text` (`crawl enqueue`,
+/// a file in `dir`); what it printed.
+async fn enqueue(server: &RedisServer, dir: &std::path::Path, text: &str) -> String {
+    let file = dir.join("queue.txt");
+    std::fs::write(&file, text).unwrap();
+    let out = tokio::process::Command::new(crate::crawl_binary())
+        .args(["enqueue", file.to_str().unwrap(), "--queue", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Three replicas share one queue; replica 0 is SIGKILLed mid-crawl and a
 /// fourth starts after it. Every URL is fetched; none twice but those the
 /// killed replica had taken and not finished (at most one batch); the
@@ -59,16 +73,13 @@ async fn replicas_share_a_queue_through_a_kill_and_a_late_start() {
         "a.test", "b.test", "c.test", "r1.test", "r2.test", "r3.test",
     ];
     let list = crate::urls(&upstream, &hosts, 25, "/q");
-    let file = dir.path().join("queue.txt");
-    std::fs::write(&file, format!("{}\nnot a url\n", list.join("\n"))).unwrap();
     // Filled by `crawl enqueue`, which reports the bad line and skips it.
-    let out = tokio::process::Command::new(crate::crawl_binary())
-        .args(["enqueue", file.to_str().unwrap(), "--queue", &server.url()])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
+    let stdout = enqueue(
+        &server,
+        dir.path(),
+        &format!("{}\nnot a url\n", list.join("\n")),
+    )
+    .await;
     assert!(
         stdout.contains("150 URLs added to the queue (1 lines skipped)"),
         "{stdout}"
@@ -195,4 +206,84 @@ fn consumers(server: &RedisServer, queue: &str) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// Regression: Redis down mid-crawl (SIGKILLed, then started again from
+/// its append-only file) for longer than a replica tried to acknowledge
+/// the URLs it reported meanwhile: they stayed in the queue unkept, and
+/// were taken over and fetched again once Redis was back. Now they are
+/// kept until acknowledged, and with the outage shorter than
+/// `--claim-after`, no URL is fetched twice. (A Redis that is only frozen
+/// runs the acknowledgements it was sent once it thaws.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_down_for_a_while_has_no_url_fetched_twice() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let hosts = ["a.test", "b.test", "c.test", "r1.test"];
+    let list = crate::urls(&upstream, &hosts, 20, "/q");
+    let stdout = enqueue(&server, dir.path(), &list.join("\n")).await;
+    assert!(stdout.contains("80 URLs added"), "{stdout}");
+    let url = server.url();
+    let args = [
+        "--queue",
+        &url,
+        "--redis",
+        &url,
+        "--queue-batch",
+        "8",
+        "--claim-after",
+        "20s",
+        "--lease-ttl",
+        "2s",
+        "--min-delay",
+        "60ms",
+        "--concurrency",
+        "4",
+    ];
+    let replicas: Vec<Replica> = (0..2)
+        .map(|n| spawn(dir.path(), n, &upstream, &[], &args))
+        .collect();
+    let seen = || upstream.recorder().all().len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen() < 12 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the crawl did not start"
+        );
+        tokio::time::sleep(5 * MS).await;
+    }
+    server.kill();
+    assert!(seen() < 60, "the outage came too late to matter");
+    // Past the first 2.5 s, when the replicas send nothing, and the 2 s
+    // for which an acknowledgement used to be tried.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    server.restart();
+    let reports: Vec<_> = replicas.iter().map(|r| r.report.clone()).collect();
+    for replica in replicas {
+        let (code, stderr) = exit(replica).await;
+        assert_eq!(code, Some(0), "{stderr}");
+    }
+    let mut served: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in upstream.recorder().all() {
+        *served.entry((r.host.clone(), r.path.clone())).or_default() += 1;
+    }
+    assert_eq!(served.len(), 80, "every URL fetched");
+    let twice: Vec<_> = served.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "fetched twice: {twice:?}");
+    let mut lines: BTreeMap<String, usize> = BTreeMap::new();
+    for report in &reports {
+        for (url, n) in reported(report) {
+            *lines.entry(url).or_default() += n;
+        }
+    }
+    assert_eq!(lines.len(), 80);
+    assert!(lines.values().all(|&n| n == 1), "{lines:?}");
+    let queue = redislimit_tests::keys::queue("domain", "urls");
+    assert_eq!(
+        server.query(&["XLEN", &queue]),
+        redislimit_tests::resp::Reply::Integer(0),
+        "the queue is empty"
+    );
 }
