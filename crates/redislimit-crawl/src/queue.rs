@@ -302,13 +302,13 @@ mod shared {
         });
         let (done, mut acks) = mpsc::unbounded_channel::<Vec<String>>();
         let acker = tokio::spawn({
-            let (queue, held) = (queue.clone(), Arc::clone(&held));
+            let (queue, held, stop) = (queue.clone(), Arc::clone(&held), crawler.stop_handle());
             async move {
                 while let Some(mut batch) = acks.recv().await {
                     while let Ok(more) = acks.try_recv() {
                         batch.extend(more);
                     }
-                    ack(&queue, &batch, claim_after).await;
+                    ack(&queue, &batch, claim_after, &stop).await;
                     lock(&held).retain(|id| !batch.contains(id));
                 }
             }
@@ -335,15 +335,17 @@ mod shared {
 
     /// Acknowledges `ids`, trying again (200 ms apart, then longer, at
     /// most 2 s) for up to `claim_after`: past that another replica may
-    /// have taken them over anyway.
-    async fn ack(queue: &SharedQueue, ids: &[String], claim_after: Duration) {
+    /// have taken them over anyway. Once the crawl is stopped, three tries
+    /// at most, so that a stop does not wait on a Redis that is away.
+    async fn ack(queue: &SharedQueue, ids: &[String], claim_after: Duration, stop: &crate::Stop) {
         let give_up = tokio::time::Instant::now() + claim_after;
         let mut pause = Duration::from_millis(200);
         for attempt in 1.. {
             let Err(err) = queue.ack(ids).await else {
                 return;
             };
-            if tokio::time::Instant::now() + pause >= give_up {
+            let stopped = stop.level() != StopLevel::Run && attempt >= 3;
+            if stopped || tokio::time::Instant::now() + pause >= give_up {
                 tracing::warn!(attempt, error = %redislimit::error::Causes(&err), urls = ids.len(), "could not acknowledge URLs in the queue; they may be fetched again");
                 return;
             }
