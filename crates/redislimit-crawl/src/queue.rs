@@ -252,11 +252,12 @@ mod shared {
         }
     }
 
-    /// Crawls `items`, keeping them every quarter of `claim_after` until
-    /// each is reported and acknowledged; those a stop kept from starting
-    /// stay in the queue for another replica. An item reported is kept
-    /// until its acknowledgement lands, so that a Redis that stops
-    /// answering for a while does not have another replica fetch it again.
+    /// Crawls `items`, keeping them every quarter of `claim_after` (soon
+    /// again after a failure) until each is reported and acknowledged;
+    /// those a stop kept from starting stay in the queue for another
+    /// replica. An item reported is kept until its acknowledgement lands,
+    /// so that a Redis that stops answering for a while does not have
+    /// another replica fetch it again.
     async fn crawl_batch(
         crawler: &Crawler,
         queue: &SharedQueue,
@@ -291,11 +292,16 @@ mod shared {
         let keeper = tokio::spawn({
             let (queue, me, held) = (queue.clone(), me.to_owned(), Arc::clone(&held));
             async move {
+                // Every quarter of `claim_after`; after a failure, soon
+                // again, so that the URLs are kept as soon as Redis is back.
+                let mut pause = claim_after / 4;
                 loop {
-                    tokio::time::sleep(claim_after / 4).await;
+                    tokio::time::sleep(pause).await;
                     let ids: Vec<String> = lock(&held).iter().cloned().collect();
+                    pause = claim_after / 4;
                     if let Err(err) = queue.keep(&me, &ids).await {
                         tracing::warn!(error = %redislimit::error::Causes(&err), "could not keep this replica's URLs in the queue");
+                        pause = pause.min(Duration::from_millis(500));
                     }
                 }
             }
@@ -344,8 +350,9 @@ mod shared {
             let Err(err) = queue.ack(ids).await else {
                 return;
             };
+            // Only a Redis away is worth waiting for.
             let stopped = stop.level() != StopLevel::Run && attempt >= 3;
-            if stopped || tokio::time::Instant::now() + pause >= give_up {
+            if stopped || !err.is_unavailable() || tokio::time::Instant::now() + pause >= give_up {
                 tracing::warn!(attempt, error = %redislimit::error::Causes(&err), urls = ids.len(), "could not acknowledge URLs in the queue; they may be fetched again");
                 return;
             }

@@ -47,15 +47,12 @@ impl Deferred {
         self.any.store(true, Ordering::Release);
     }
 
-    /// `key` was deferred to another replica, unless it is already (or
-    /// its first admission since is still settling): unlike
+    /// `key` was deferred to another replica, unless it is already (its
+    /// first admission since may have been held): unlike
     /// [`add`](Self::add), asking again does not start the hold again.
     pub(super) fn mark(&self, key: &HostKey) {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = keys.entry(key.clone()).or_insert(None);
-        if entry.is_some_and(|until| until <= Instant::now()) {
-            *entry = None;
-        }
+        keys.entry(key.clone()).or_insert(None);
         self.any.store(true, Ordering::Release);
     }
 
