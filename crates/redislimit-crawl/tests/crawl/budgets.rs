@@ -4,7 +4,10 @@
 //! it. Two crawl replicas sharing Redis must never be refused, and must
 //! use the budget: judged from the upstream's own counts per window. The
 //! same for a budget of bytes (`qu="content-bytes"`) and a cap on
-//! requests in flight (`qu="concurrent-requests"`).
+//! requests in flight (`qu="concurrent-requests"`), that one also through
+//! a Redis outage.
+
+use std::time::{Duration, Instant};
 
 use redislimit_tests::record::max_in_flight;
 use redislimit_tests::{RedisServer, Upstream};
@@ -138,6 +141,72 @@ async fn a_stated_concurrency_caps_three_replicas() {
                 "{host}: replica {replica} fetched some"
             );
         }
+    }
+}
+
+/// A host allowing 3 in flight, through a Redis outage: three replicas
+/// learn the cap, Redis is SIGKILLed, and they go on at their shares of
+/// the pace (6 in flight configured, 2 each). They divide the stated cap
+/// instead (1 each): the upstream refuses nothing, before the outage or
+/// during it. Without the division each replica kept 2 in flight, 6 in
+/// all. (A cap below the number of replicas leaves one without a part,
+/// which then hears no restatement: see `share_divides_a_cap_the_host_stated`
+/// in the Redis tests, and docs/DESIGN.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stated_concurrency_holds_through_a_redis_outage() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let path = "/budget?unit=concurrent-requests&limit=3&chunks=3&every=100&window=10000";
+    let list = crate::urls(&upstream, &HOSTS, 30, path);
+    let url = server.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--min-delay",
+        "60ms",
+        "--cluster-concurrency",
+        "6",
+        "--lease-ttl",
+        "2s",
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    let started = Instant::now();
+    // Every replica has read the statement of every host.
+    let knows = |replica: usize, host: &str| {
+        upstream
+            .recorder()
+            .host(host)
+            .iter()
+            .any(|r| r.replica == replica && r.status == 200)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(0..3).all(|n| HOSTS.iter().all(|h| knows(n, h))) {
+        assert!(Instant::now() < deadline, "the replicas did not all start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // And every replica's heartbeat has read the others' (two beats), so
+    // that each knows it shares the host.
+    tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
+    server.kill();
+    let down = Instant::now();
+    finish(replicas).await;
+    for host in HOSTS {
+        let seen = upstream.recorder().host(host);
+        let refused = seen.iter().filter(|r| r.status == 429).count();
+        assert_eq!(refused, 0, "{host}: {refused} requests refused: {seen:?}");
+        assert!(max_in_flight(&seen) <= 3, "{host}: {seen:?}");
+        let senders: std::collections::BTreeSet<_> = seen
+            .iter()
+            .filter(|r| r.send > down)
+            .map(|r| r.replica)
+            .collect();
+        assert_eq!(
+            senders.len(),
+            3,
+            "{host}: every replica sent in the outage: {seen:?}"
+        );
     }
 }
 

@@ -273,9 +273,19 @@ impl LiveLimiter {
 impl Live {
     /// The limiters of earlier versions still alive (see `retired`).
     fn retired(&self) -> Vec<Arc<Core>> {
+        self.alive().iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Adds `core` (of the version being left) to the retired ones.
+    fn retire(&self, core: &Arc<Core>) {
+        self.alive().push(Arc::downgrade(core));
+    }
+
+    /// The retired list, those no longer alive dropped from it.
+    fn alive(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Core>>> {
         let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
         retired.retain(|core| core.strong_count() > 0);
-        retired.iter().filter_map(Weak::upgrade).collect()
+        retired
     }
 
     fn current(&self) -> Current {
@@ -330,10 +340,7 @@ impl Live {
         };
         let lease_ttl = current.redis.core.settings.lease_ttl;
         // Retired before the switch: a `close` from here on waits for it.
-        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
-        retired.retain(|core| core.strong_count() > 0);
-        retired.push(Arc::downgrade(&current.redis.core));
-        drop(retired);
+        self.retire(&current.redis.core);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) =
             Current::new(version, redis, self.fallback);
         self.versions.send_replace(version);

@@ -44,8 +44,8 @@ const LEAVE: &str = "local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], 'worke
 /// Deletes the group's consumers that hold no items and have been idle
 /// for `ARGV[1]` ms as `XINFO CONSUMERS` counts it (replicas that ended
 /// without leaving, or died and had their items taken over); returns how
-/// many. One that holds
-/// nothing loses nothing, and one that asks again is added back.
+/// many. One that holds nothing loses nothing, and one that asks again is
+/// added back.
 const REAP: &str = "local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], 'workers') \
                     if not ok then return 0 end \
                     local n = 0 for _, c in ipairs(consumers) do \
