@@ -231,8 +231,10 @@ async fn a_redis_down_for_a_while_has_no_url_fetched_twice() {
         &url,
         "--redis",
         &url,
+        // Half the queue each: both are still fetching their batch when
+        // Redis goes (between batches a replica would wait for Redis).
         "--queue-batch",
-        "8",
+        "40",
         "--claim-after",
         "20s",
         "--lease-ttl",
