@@ -54,8 +54,10 @@ async fn replicas_at(
                 .unwrap(),
         );
     }
-    // Two heartbeats: every replica has read every other's entry.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Three heartbeats: every replica has read every other's entry, and
+    // knows that they have read its own (see
+    // `replicas_started_together_keep_the_limit_when_redis_goes_at_once`).
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     all
 }
 
@@ -166,6 +168,71 @@ async fn share_keeps_the_rate_and_cap_of_all_replicas_together() {
         "{peak} sends in 1 s, more than the rate of one every {gap:?}"
     );
     assert!(max_in_flight(&seen) <= 6);
+}
+
+/// Regression: replicas started together each read the registry as it
+/// was when they registered, so the first saw only itself; when Redis went
+/// away within their first second it sent alone at the whole rate at once,
+/// beside the others at their shares of it. Now a replica the others may
+/// not know yet leaves the host to them, and one that saw no other waits
+/// as a share does before it sends alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_started_together_keep_the_limit_when_redis_goes_at_once() {
+    let gap = 150 * MS;
+    for attempt in 1.. {
+        let server = RedisServer::start();
+        let url = server.url();
+        let started = Instant::now();
+        let all: Vec<_> = (0..REPLICAS)
+            .map(|_| {
+                Arc::new(
+                    limiter(
+                        standalone(&url),
+                        |p| p.min_delay(gap),
+                        |b| {
+                            b.cluster_concurrency(6)
+                                .fallback_policy(FallbackPolicy::Share)
+                        },
+                    )
+                    .with_fallback(),
+                )
+            })
+            .collect();
+        for l in &all {
+            drop(
+                bounded(5, l.acquire_host("t", host("warm.test"), None))
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Each first heartbeat (from the first acquire) answered, and no
+        // second one yet: Redis goes within a heartbeat of the start.
+        tokio::time::sleep(100 * MS).await;
+        let within_a_heartbeat = started.elapsed() < 450 * MS;
+        let seen = crawl_frozen(&server, &all, Duration::from_secs(3), 20 * MS)
+            .await
+            .host("a.test");
+        assert!(seen.len() >= 10, "the fleet kept working: {seen:?}");
+        let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
+        assert!(
+            peak <= rate_bound(gap),
+            "{peak} sends in 1 s, more than the rate of one every {gap:?}: {seen:?}"
+        );
+        let mut sorted = seen.clone();
+        sorted.sort_by_key(|r| r.send);
+        let closest = min_send_gap(&sorted);
+        assert!(
+            closest >= gap * 8 / 10,
+            "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
+        );
+        if within_a_heartbeat {
+            return;
+        }
+        assert!(
+            attempt < 3,
+            "three times the replicas took more than a heartbeat to start"
+        );
+    }
 }
 
 /// Regression: a cap on requests in flight the host stated was not

@@ -173,22 +173,14 @@ async fn a_stated_concurrency_holds_through_a_redis_outage() {
     ];
     let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
     let started = Instant::now();
-    // Every replica has read the statement of every host.
-    let knows = |replica: usize, host: &str| {
-        upstream
-            .recorder()
-            .host(host)
-            .iter()
-            .any(|r| r.replica == replica && r.status == 200)
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(0..3).all(|n| HOSTS.iter().all(|h| knows(n, h))) {
-        assert!(Instant::now() < deadline, "the replicas did not all start");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // And every replica's heartbeat has read the others' (two beats), so
-    // that each knows it shares the host.
-    tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
+    every_replica_knows_the_statements(&upstream).await;
+    // And every replica's heartbeat has read the others', and has been
+    // answered for three beats (each began with its first acquire, before
+    // its first answer), so that each knows it shares the host and is
+    // known to share it.
+    let known =
+        (Instant::now() + Duration::from_millis(1200)).max(started + Duration::from_millis(1500));
+    tokio::time::sleep_until(known.into()).await;
     server.kill();
     let down = Instant::now();
     finish(replicas).await;
@@ -208,6 +200,73 @@ async fn a_stated_concurrency_holds_through_a_redis_outage() {
             "{host}: every replica sent in the outage: {seen:?}"
         );
     }
+}
+
+/// Waits (at most 30 s) until every one of three replicas has had an
+/// answer from every host, which states its cap.
+async fn every_replica_knows_the_statements(upstream: &Upstream) {
+    let knows = |replica: usize, host: &str| {
+        upstream
+            .recorder()
+            .host(host)
+            .iter()
+            .any(|r| r.replica == replica && r.status == 200)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(0..3).all(|n| HOSTS.iter().all(|h| knows(n, h))) {
+        assert!(Instant::now() < deadline, "the replicas did not all start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Regression: three replicas started together, Redis SIGKILLed as soon as
+/// each has an answer from every host (within their first heartbeat, when
+/// each had read the registry only as it was when it registered): the
+/// first to register had seen no other, and sent alone at the whole cap
+/// the host stated at once, beside the others at their parts of it and
+/// what Redis had admitted them: the upstream refused requests. Now the
+/// replicas that saw others leave the hosts to them, and the one that saw
+/// none waits before it sends alone. Redis comes back, empty, after 4 s,
+/// and the crawl ends through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stated_concurrency_holds_when_redis_goes_in_the_first_second() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let path = "/budget?unit=concurrent-requests&limit=3&chunks=2&every=50&window=10000";
+    let list = crate::urls(&upstream, &HOSTS, 30, path);
+    let url = server.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--min-delay",
+        "30ms",
+        "--cluster-concurrency",
+        "6",
+        "--lease-ttl",
+        "2s",
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    every_replica_knows_the_statements(&upstream).await;
+    server.kill();
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    server.restart();
+    let back = Instant::now();
+    finish(replicas).await;
+    let mut in_outage = 0;
+    for host in HOSTS {
+        let seen = upstream.recorder().host(host);
+        let refused = seen.iter().filter(|r| r.status == 429).count();
+        assert_eq!(refused, 0, "{host}: {refused} requests refused: {seen:?}");
+        assert!(max_in_flight(&seen) <= 3, "{host}: {seen:?}");
+        in_outage += seen
+            .iter()
+            .filter(|r| r.send > down && r.send < back)
+            .count();
+    }
+    assert!(in_outage > 0, "nothing was sent while Redis was down");
 }
 
 /// The test of the test: the same crawl not reading the headers (the bare

@@ -189,13 +189,11 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 return Err(report.over_budget(now, deadline, now));
             }
             let plan = self.outage.map_or(Plan::Alone, |o| o.plan(&host));
-            // Sending on its own (at its share, or as the host's one
-            // server) waits until the replicas still on the primary know
-            // this one is cut off, and keep its share free.
-            let alone_from = match plan {
-                Plan::Share { .. } | Plan::Own => self.outage.and_then(|o| o.alone_from()),
-                Plan::Alone | Plan::Defer => None,
-            };
+            // Sending on its own (at its share, as the host's one server,
+            // or alone while a replica it has not seen yet may be sending)
+            // waits until the replicas still on the primary know this one
+            // is cut off, and keep its share free.
+            let alone_from = self.outage.and_then(|o| o.alone_from(plan));
             if let Some(from) = alone_from
                 && from > now
             {

@@ -48,11 +48,12 @@ pub(crate) trait OutagePlan: Send + Sync + fmt::Debug {
     /// The plan for `host` now.
     fn plan(&self, host: &HostKey) -> Plan;
 
-    /// From when this replica may send on its own (at its share, or as a
-    /// host's one server) without a replica that still reaches the primary
+    /// From when this replica may send on its own under `plan` (at its
+    /// share, as a host's one server, or alone while the others may not
+    /// know of it yet) without a replica that still reaches the primary
     /// admitting beside it: once the others know it is cut off. `None`:
     /// at once.
-    fn alone_from(&self) -> Option<tokio::time::Instant>;
+    fn alone_from(&self, plan: Plan) -> Option<tokio::time::Instant>;
 }
 
 /// How long after `now` (the time since the Unix epoch on the wall clock,

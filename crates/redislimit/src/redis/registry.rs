@@ -45,6 +45,12 @@ const ENTRY_TTL: Duration = Duration::from_millis(1500);
 pub(super) const ALONE_AFTER: Duration = ENTRY_TTL
     .saturating_add(HEARTBEAT)
     .saturating_add(HEARTBEAT);
+/// How long Redis must have answered a replica's renewals before every
+/// other replica is known to have read its entry: a heartbeat of theirs,
+/// and half of one more for one that runs late. In heartbeats: known from
+/// its third on. Until then (`young`), others that lose Redis may not
+/// count it, and it does not serve hosts beside them.
+const KNOWN_AFTER: Duration = Duration::from_millis(HEARTBEAT.as_millis() as u64 * 3 / 2);
 /// How long a lapsed entry is kept, and its replica's share kept free,
 /// under a `lease_ttl`: a replica cut off alone for longer than this is
 /// forgotten (the others go back to the whole limit), and one that crashed
@@ -78,6 +84,18 @@ pub(super) struct Registry {
     any_lapsed: AtomicBool,
     /// When the last renewal of this replica's entry was sent.
     renewed: Mutex<Option<Instant>>,
+    /// When the renewals Redis answered without a break long enough for
+    /// the others to forget this replica began, and when the last of them
+    /// was sent: whether the others know of it (see [`KNOWN_AFTER`]).
+    standing: Mutex<Option<Standing>>,
+}
+
+/// An unbroken run of answered renewals: `since` the first was sent, the
+/// last at `last`.
+#[derive(Debug, Clone, Copy)]
+struct Standing {
+    since: Instant,
+    last: Instant,
 }
 
 /// The other replicas whose entry lapsed.
@@ -125,6 +143,7 @@ impl Registry {
             lapsed: Mutex::new(Lapsed::default()),
             any_lapsed: AtomicBool::new(false),
             renewed: Mutex::new(None),
+            standing: Mutex::new(None),
         }
     }
 
@@ -139,6 +158,16 @@ impl Registry {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Whether the roster this replica read may not be the one the others
+    /// read with it in: its entry has not been answered for
+    /// [`KNOWN_AFTER`] yet (it started, or came back after the others
+    /// forgot it), so a replica that started beside it may count it while
+    /// it does not count that one, or count nobody else at all.
+    fn young(&self) -> bool {
+        let standing = *self.standing.lock().unwrap_or_else(PoisonError::into_inner);
+        standing.is_none_or(|s| s.last < s.since + KNOWN_AFTER)
     }
 
     /// From when this replica may send on its own without another, still
@@ -182,10 +211,14 @@ impl Registry {
             if peers.binary_search(id).is_err() {
                 continue;
             }
+            // Whether it was young, this replica cannot tell: it plans as
+            // one the others know (a young one defers: its share is kept
+            // free for nothing).
             let roster = Roster {
                 peers: Some(&peers),
                 me: id,
                 expected: settings.expected_replicas,
+                young: false,
             };
             let divides = |n| settings.policies.at(policy).divides(n, cap);
             match plan_for(settings.fallback_policy, &roster, &key, divides, |_| 0) {
@@ -236,8 +269,9 @@ impl Registry {
     /// open: then its entry lapses) and reads the others'.
     async fn beat(&self, backend: &Backend) {
         let renew = backend.circuit(&self.key).closed() && !self.leaving.load(Ordering::Acquire);
+        let sent = Instant::now();
         if renew {
-            *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = Some(sent);
         }
         let ttl_us = if renew {
             ENTRY_TTL.as_micros() as u64
@@ -251,9 +285,31 @@ impl Registry {
             return;
         };
         match answer {
-            Ok(roll) => self.read(roll),
+            Ok(roll) => {
+                if renew {
+                    self.stand(sent);
+                }
+                self.read(roll);
+            }
             Err(err) => tracing::debug!(error = ?err, "registry heartbeat failed"),
         }
+    }
+
+    /// Notes that Redis answered a renewal sent at `sent`: the run of them
+    /// goes on, or starts again when the last one before is so old that
+    /// the others may have forgotten this replica since.
+    fn stand(&self, sent: Instant) {
+        let mut standing = self.standing.lock().unwrap_or_else(PoisonError::into_inner);
+        *standing = Some(match *standing {
+            Some(s) if sent.saturating_duration_since(s.last) <= self.keep => Standing {
+                since: s.since,
+                last: sent.max(s.last),
+            },
+            _ => Standing {
+                since: sent,
+                last: sent,
+            },
+        });
     }
 
     /// Takes in what the registry holds.
@@ -324,6 +380,7 @@ impl Registry {
             peers: peers.as_deref(),
             me: &self.id,
             expected: settings.expected_replicas,
+            young: self.young(),
         };
         plan_for(
             settings.fallback_policy,
@@ -377,6 +434,9 @@ pub(super) struct Roster<'a> {
     pub(super) me: &'a str,
     /// How many replicas to assume without a registry.
     pub(super) expected: u32,
+    /// Whether the others may not know of this replica yet (see
+    /// `Registry::young`).
+    pub(super) young: bool,
 }
 
 /// How a replica serves the host of `key` while Redis is unavailable, under
@@ -397,6 +457,12 @@ pub(super) fn plan_for(
         .max(1);
     if n == 1 || policy == FallbackPolicy::Full {
         return Plan::Alone;
+    }
+    // Others it read may not have read it: they divide the host among
+    // themselves without it, so it leaves them the host (replicas started
+    // together each see those that registered before them).
+    if roster.young && roster.peers.is_some() {
+        return Plan::Defer;
     }
     // Without a registry, a turn drawn from this replica's id: replicas
     // that never saw one spread over the turns instead of sharing one.
@@ -490,7 +556,19 @@ impl OutagePlan for RegistryPlan {
         self.registry.outage_plan(&self.settings, host)
     }
 
-    fn alone_from(&self) -> Option<Instant> {
+    fn alone_from(&self, plan: Plan) -> Option<Instant> {
+        match plan {
+            Plan::Share { .. } | Plan::Own => {}
+            // Alone as far as the roster it read says, which may not show
+            // the replicas that started just after it: they defer, yet
+            // what Redis admitted them may still be under way. (Without a
+            // roster, `expected_replicas` says how many there are.)
+            Plan::Alone
+                if self.settings.fallback_policy != FallbackPolicy::Full
+                    && self.registry.young()
+                    && self.registry.peers().is_some() => {}
+            Plan::Alone | Plan::Defer => return None,
+        }
         // An admission the others booked ahead may leave that much later.
         let booked = self.settings.book_ahead;
         self.registry
@@ -534,6 +612,7 @@ mod tests {
                     peers: Some(peers),
                     me,
                     expected: 1,
+                    young: false,
                 };
                 plan_for(policy, &roster, key, |_| divides, |_| 0)
             })
@@ -674,6 +753,7 @@ mod tests {
             peers: None,
             me: "me",
             expected: 4,
+            young: false,
         };
         for policy in [FallbackPolicy::Share, FallbackPolicy::Partition] {
             assert_eq!(
@@ -689,5 +769,81 @@ mod tests {
             plan_for(FallbackPolicy::Share, &alone, &key, |_| true, |_| 0),
             Plan::Alone
         );
+    }
+
+    /// Regression: replicas started together each read the registry as it
+    /// was when they registered, so the first saw only itself and served
+    /// every host alone at once while the others divided them: together
+    /// more than a host allows. One the others may not know of yet leaves
+    /// the hosts to them, and alone, it first waits as a share does.
+    #[test]
+    fn a_replica_the_others_may_not_know_yet_leaves_them_the_hosts() {
+        let key = HostKey::parse("http://a.test/").unwrap();
+        let peers: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        for policy in [FallbackPolicy::Share, FallbackPolicy::Partition] {
+            for me in &peers {
+                let young = Roster {
+                    peers: Some(&peers),
+                    me,
+                    expected: 1,
+                    young: true,
+                };
+                assert_eq!(plan_for(policy, &young, &key, |_| true, |_| 0), Plan::Defer);
+            }
+            let first = Roster {
+                peers: Some(&peers[..1]),
+                me: "a",
+                expected: 1,
+                young: true,
+            };
+            assert_eq!(plan_for(policy, &first, &key, |_| true, |_| 0), Plan::Alone);
+            // Never having read the registry, it goes by `expected` as before.
+            let unread = Roster {
+                peers: None,
+                me: "a",
+                expected: 3,
+                young: true,
+            };
+            assert_eq!(
+                plan_for(policy, &unread, &key, |_| true, |_| 1),
+                Plan::Share { n: 3, index: 1 }
+            );
+        }
+        let full = Roster {
+            peers: Some(&peers),
+            me: "a",
+            expected: 1,
+            young: true,
+        };
+        assert_eq!(
+            plan_for(FallbackPolicy::Full, &full, &key, |_| true, |_| 0),
+            Plan::Alone
+        );
+    }
+
+    /// A replica is young until Redis has answered its renewals for
+    /// [`KNOWN_AFTER`] (its third heartbeat), and young again when it comes back after a break
+    /// long enough for the others to have forgotten it.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_is_known_once_its_renewals_were_answered_for_two_heartbeats() {
+        let registry = Registry::new("p", "s", Duration::from_secs(4));
+        assert!(registry.young());
+        let start = Instant::now();
+        registry.stand(start);
+        assert!(registry.young());
+        registry.stand(start + HEARTBEAT);
+        assert!(registry.young());
+        registry.stand(start + 2 * HEARTBEAT);
+        assert!(!registry.young());
+        // A break shorter than the others keep a lapsed entry: still known.
+        let back = start + KNOWN_AFTER + registry.keep;
+        registry.stand(back);
+        assert!(!registry.young());
+        // Longer: forgotten, young again until known again.
+        let later = back + registry.keep + HEARTBEAT;
+        registry.stand(later);
+        assert!(registry.young());
+        registry.stand(later + KNOWN_AFTER);
+        assert!(!registry.young());
     }
 }
