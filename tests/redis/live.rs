@@ -2,7 +2,8 @@
 //! every `LiveLimiter` of it without losing a host's state; refused before
 //! publishing when invalid; garbage in their key never switches pacing off;
 //! the scope's agreement follows the published version; earlier versions'
-//! limiters are let go once what they granted is back.
+//! limiters are let go once what they granted is back; the version in
+//! force outlives a Redis that lost it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -270,4 +271,80 @@ async fn the_agreement_follows_the_published_version() {
         .unwrap();
     first.close(None).await.unwrap();
     late.close(None).await.unwrap();
+}
+
+/// Regression: Redis restarted empty lost the published policies, while
+/// the replicas in use put the scope's agreement back naming their
+/// version: a live replica started then was refused (`ConfigMismatch`,
+/// nothing published to switch to), and a replica still on an older
+/// version could put that one back for the others to switch down to.
+/// Now the replicas in use put the version in force back, and a newer
+/// one over an older.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_policies_outlive_a_redis_restarted_empty() {
+    let server = RedisServer::start();
+    let first = replica(&server, 100 * MS).live();
+    let _permit = bounded(5, first.acquire_host("test", host("a.test"), None))
+        .await
+        .unwrap();
+    let publisher = replica(&server, 100 * MS);
+    bounded(5, publisher.publish_policies(&gap(60 * MS)))
+        .await
+        .unwrap();
+    let key = server.query(&["KEYS", "*:policy"]).as_array().unwrap()[0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let older = server.query(&["HGET", key.as_str(), "text"]);
+    let older = older.as_str().unwrap().to_owned();
+    bounded(5, publisher.publish_policies(&gap(30 * MS)))
+        .await
+        .unwrap();
+    assert_eq!(bounded(5, first.refresh()).await.unwrap(), 2);
+
+    server.restart();
+    // An older version put back first (by a replica that had not switched
+    // yet): the replica in force neither follows it nor leaves it there.
+    server.command(&["HSET", key.as_str(), "version", "1", "text", older.as_str()]);
+    let put_back = wait_for_version(&publisher, 2).await;
+    assert_eq!(put_back.default_pacing().min_delay(), 30 * MS);
+    assert_eq!(first.version(), 2);
+
+    // A replica started now with its own file follows version 2 (at once,
+    // or once the replica in use has put the agreement back over its own
+    // and it learns so: within about two heartbeats, see docs/DESIGN.md).
+    let late = replica(&server, 100 * MS).live();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while late.version() != 2 {
+        assert!(Instant::now() < deadline, "{late:?}");
+        let permit = bounded(5, late.acquire_host("test", host("b.test"), None)).await;
+        assert!(permit.is_ok(), "{permit:?}");
+        tokio::time::sleep(100 * MS).await;
+    }
+    assert_eq!(late.policies().default_pacing().min_delay(), 30 * MS);
+
+    // Lost again (a flush): put back again.
+    server.command(&["DEL", key.as_str()]);
+    wait_for_version(&publisher, 2).await;
+    first.close(None).await.unwrap();
+    late.close(None).await.unwrap();
+}
+
+/// Waits (at most 10 s) until the scope's published policies are of
+/// `version`, and returns them.
+async fn wait_for_version(publisher: &RedisLimiter, version: u64) -> Policies {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let published = bounded(5, publisher.published_policies()).await;
+        if let Ok(Some((v, policies))) = &published
+            && *v == version
+        {
+            return policies.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "version {version} was not put back: {published:?}"
+        );
+        tokio::time::sleep(20 * MS).await;
+    }
 }

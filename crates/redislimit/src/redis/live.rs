@@ -54,6 +54,21 @@ redis.call('HSET', KEYS[1], 'version', version, 'text', ARGV[1])
 return version
 ";
 
+/// Puts the version in force back (`ARGV[1]`, its text `ARGV[2]`) when
+/// the scope holds none, or an older one; a newer one, or something that
+/// is not a hash of policies, is left as it is. Whether it wrote.
+const PUT_BACK: &str = r"
+local ok, kept = pcall(redis.call, 'HGET', KEYS[1], 'version')
+if not ok then
+  return 0
+end
+if kept and (tonumber(kept) or math.huge) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'text', ARGV[2])
+return 1
+";
+
 impl RedisLimiter {
     /// Publishes `policies` to this limiter's scope, as the next version:
     /// every [`LiveLimiter`] of the scope paces with them within a quarter
@@ -261,7 +276,9 @@ impl LiveLimiter {
     }
 
     /// Looks for published policies now and switches to them when they
-    /// are newer than those in force; returns the version in force after.
+    /// are newer than those in force, or puts those in force back when
+    /// the scope lost them (or holds an older version); returns the
+    /// version in force after.
     /// Fails when Redis cannot be asked, or the published policies cannot
     /// be used here (the limiter keeps its own then).
     pub async fn refresh(&self) -> Result<u64, Error> {
@@ -325,8 +342,17 @@ impl Live {
             err
         };
         let (version, policies) = match current.redis.published_policies().await {
-            Ok(Some(published)) => published,
-            Ok(None) => return Ok(current.version),
+            Ok(Some(published)) if published.0 >= current.version => published,
+            // Redis lost them (a restart without persistence, a flush), or
+            // a replica that had not switched yet put an older version
+            // back first: the version in force goes back, so that a
+            // replica started now follows it rather than being refused by
+            // the agreement the replicas in use put back.
+            Ok(_) if current.version > 0 => {
+                put_back(&current.redis, current.version).await?;
+                return Ok(current.version);
+            }
+            Ok(_) => return Ok(current.version),
             Err(err) if err.is_unavailable() => return Err(err),
             Err(err) => return Err(refused(err, u64::MAX)),
         };
@@ -359,6 +385,32 @@ impl Live {
         current.redis.core.hooks.on_policy_version(version);
         Ok(version)
     }
+}
+
+/// Puts `version`, the policies `redis` paces with, back in its scope
+/// (see [`PUT_BACK`]).
+async fn put_back(redis: &RedisLimiter, version: u64) -> Result<(), Error> {
+    let settings = &redis.core.settings;
+    let key = RedisKeys::policy(&settings.prefix, &settings.scope);
+    let mut put = cmd("EVAL");
+    put.arg(PUT_BACK)
+        .arg(1)
+        .arg(&key)
+        .arg(version)
+        .arg(redis.policies().to_record());
+    let wrote = redis
+        .core
+        .backend
+        .command::<u64>(&key, &put)
+        .await
+        .map_err(|e| e.into_error(Op::Policies))?;
+    if wrote == 1 {
+        tracing::info!(
+            version,
+            "the scope had lost the policies in force: put them back"
+        );
+    }
+    Ok(())
 }
 
 /// Looks for a new version every `every`, while the limiter lives.
