@@ -92,16 +92,19 @@ async fn crawl(
     outage: Duration,
     work: Duration,
 ) -> Arc<Recorder> {
-    crawl_giving_up(all, hosts, outage, work, 1500 * MS).await
+    crawl_giving_up(all, hosts, outage, work, 1500 * MS, None).await
 }
 
-/// [`crawl`], an acquire giving up after `give_up`.
+/// [`crawl`], an acquire giving up after `give_up`; with `restate`, every
+/// response states a cap on requests in flight for its window (`cap`,
+/// `window`), as a host's `RateLimit` fields do.
 async fn crawl_giving_up(
     all: &[Arc<FallbackLimiter<RedisLimiter>>],
     hosts: &[&str],
     outage: Duration,
     work: Duration,
     give_up: Duration,
+    restate: Option<(u32, Duration)>,
 ) -> Arc<Recorder> {
     let recorder = Arc::new(Recorder::new());
     let stop = tokio::time::Instant::now() + outage;
@@ -121,6 +124,11 @@ async fn crawl_giving_up(
                             let send = Instant::now();
                             tokio::time::sleep(work).await;
                             recorder.record(name, replica, send, Instant::now());
+                            if let Some((cap, window)) = restate {
+                                bounded(5, l.cap_host(host(name), cap, window))
+                                    .await
+                                    .unwrap();
+                            }
                             drop(permit);
                         }
                         // Given up (its turn would come after the
@@ -266,6 +274,42 @@ async fn share_divides_a_cap_the_host_stated() {
             "{most} in flight, the host allows {stated}: {seen:?}"
         );
     }
+}
+
+/// Regression: a replica whose part of a stated cap is none hears no
+/// restatement (it sends nothing), so once the statement's window lapsed
+/// there it sent at its share of the configured cap, beside the others'
+/// parts of the stated one, which their responses kept restating: up to 4
+/// in flight where the host allowed 2, for the rest of the outage. Now it
+/// leaves the host to them until Redis admits it again. Here the host
+/// allows 2 among 3 replicas, restated for 4 s with every response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_no_part_of_a_stated_cap_keeps_out_after_it_lapses() {
+    let server = RedisServer::start();
+    let all = replicas(&server, 40 * MS, 6, FallbackPolicy::Share).await;
+    let window = Duration::from_secs(4);
+    for l in &all {
+        bounded(5, l.cap_host(host("a.test"), 2, window))
+            .await
+            .unwrap();
+    }
+    server.pause();
+    let outage = ALONE_AFTER + Duration::from_secs(4);
+    let seen = crawl_giving_up(
+        &all,
+        &["a.test"],
+        outage,
+        300 * MS,
+        1500 * MS,
+        Some((2, window)),
+    )
+    .await;
+    server.resume();
+    let seen = seen.host("a.test");
+    let most = max_in_flight(&seen);
+    assert!(most <= 2, "{most} in flight, the host allows 2: {seen:?}");
+    let senders: std::collections::BTreeSet<_> = seen.iter().map(|r| r.replica).collect();
+    assert_eq!(senders.len(), 2, "{seen:?}");
 }
 
 /// A replica whose part of a stated cap is none, taking turns for another
@@ -691,7 +735,15 @@ async fn one_replica_cut_off_alone_keeps_each_serialized_host() {
     let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
     proxy.stall();
     // A host served by another replica is given up soon, for the next.
-    let seen = crawl_giving_up(&all, &hosts, Duration::from_secs(6), 30 * MS, 300 * MS).await;
+    let seen = crawl_giving_up(
+        &all,
+        &hosts,
+        Duration::from_secs(6),
+        30 * MS,
+        300 * MS,
+        None,
+    )
+    .await;
     proxy.resume();
     assert!(
         seen.all().iter().any(|r| r.replica == 2),

@@ -85,9 +85,11 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // answer); in the grace after it, while the others may still
             // send their parts, it waits. Either way its first admission
             // by the primary is given back (see `Deferred`).
-            let (turn, turn_ends) = match self.shares.turns(Instant::now()) {
-                Some(turns) if self.no_part(&host, turns) => {
-                    self.deferred.mark(&key);
+            let turns = self.shares.turns(Instant::now());
+            let none_of = turns.and_then(|turns| self.no_part(&host, &key, turns));
+            let (turn, turn_ends) = match (turns, none_of) {
+                (Some(_), Some(cap)) => {
+                    self.deferred.mark(&key, cap);
                     if !self.shares.unanswered() {
                         drop(local);
                         if let Err((retry, deadline)) = defer(deadline).await {
@@ -98,14 +100,14 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                     }
                     (None, None)
                 }
-                Some(turns) => {
+                (Some(turns), None) => {
                     let (permit, ends) = self
                         .share(turns, false, engine, &host, deadline, request)
                         .await
                         .map_err(|e| report.fail(e))?;
                     (Some((turns, Unsent::new(permit))), Some(ends))
                 }
-                None => (None, None),
+                (None, _) => (None, None),
             };
             // A turn is a slot's start: the primary must admit within a
             // moment of it (`turn_ends`), or the send would leave in the
@@ -233,12 +235,14 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // the latest send this process made. A turn taken for the
             // primary is given back too: the outage takes its own.
             drop(local);
-            let deferred = plan == Plan::Defer
-                || matches!(plan, Plan::Share { n, index } if self.no_part(&host, (n, index)));
-            if deferred {
+            let none_of = match plan {
+                Plan::Share { n, index } => self.no_part(&host, &key, (n, index)),
+                _ => None,
+            };
+            if plan == Plan::Defer || none_of.is_some() {
                 // Another replica serves this host during the outage (or
                 // has the whole of the cap it stated).
-                self.deferred.add(&key);
+                self.deferred.add(&key, none_of);
                 if let Err((retry, deadline)) = defer(deadline).await {
                     let now = Instant::now();
                     return Err(report.over_budget(retry, deadline, now));
@@ -323,14 +327,21 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         }
     }
 
-    /// Whether this replica's part of a cap on requests in flight `host`
-    /// stated is none, replica `index` of `n` dividing it (see
-    /// `stated_share`): the others then serve the host while the
-    /// statement holds.
-    fn no_part(&self, host: &HostKey, (n, index): (u32, u32)) -> bool {
-        self.fallback
+    /// The cap on requests in flight `host` (of `key`) stated, when this
+    /// replica's part of it is none, replica `index` of `n` dividing it
+    /// (see `stated_share`): the others then serve the host. The cap in
+    /// force here, or, once it lapsed here, the one the host was deferred
+    /// for, until the primary admits the host again: the replicas with a
+    /// part of it hear it restated in their responses, this one (sending
+    /// nothing) does not, and taking its share of the configured cap back
+    /// would add to their parts of the stated one.
+    fn no_part(&self, host: &HostKey, key: &HostKey, (n, index): (u32, u32)) -> Option<u32> {
+        let cap = self
+            .fallback
             .stated_cap(host)
-            .is_some_and(|(cap, _)| stated_share(cap, n, index) == 0)
+            .map(|(cap, _)| cap)
+            .or_else(|| self.deferred.stated(key))?;
+        (stated_share(cap, n, index) == 0).then_some(cap)
     }
 
     /// The primary answered: the share's grace starts (once its turns end,

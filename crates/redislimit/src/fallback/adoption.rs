@@ -32,28 +32,58 @@ pub(super) const SETTLE: Duration = Duration::from_millis(1300);
 /// it, admissions wait [`SETTLE`].
 #[derive(Debug, Default)]
 pub(super) struct Deferred {
-    /// Key -> until when admissions by the primary are given back (`None`:
-    /// deferred, and not admitted since).
-    keys: Mutex<std::collections::HashMap<HostKey, Option<Instant>>>,
+    keys: Mutex<std::collections::HashMap<HostKey, Held>>,
     /// Whether `keys` holds any (read on every admission).
     any: AtomicBool,
 }
 
+/// Where a deferred host stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Deferred, and not admitted by the primary since; `cap`: a cap on
+    /// requests in flight the host stated, of which this replica's part
+    /// was none, when that was why.
+    Deferred { cap: Option<u32> },
+    /// Admitted by the primary: its admissions are given back until then.
+    Until(Instant),
+}
+
 impl Deferred {
-    /// `key` was deferred to another replica.
-    pub(super) fn add(&self, key: &HostKey) {
+    /// `key` was deferred to another replica (for a stated `cap` it has no
+    /// part of, if that was why).
+    pub(super) fn add(&self, key: &HostKey, cap: Option<u32>) {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        keys.insert(key.clone(), None);
+        keys.insert(key.clone(), Held::Deferred { cap });
         self.any.store(true, Ordering::Release);
     }
 
-    /// `key` was deferred to another replica, unless it is already (its
-    /// first admission since may have been held): unlike
-    /// [`add`](Self::add), asking again does not start the hold again.
-    pub(super) fn mark(&self, key: &HostKey) {
+    /// `key` was deferred to another replica for a stated `cap` it has no
+    /// part of, unless it is already (its first admission since may have
+    /// been held): unlike [`add`](Self::add), asking again does not start
+    /// the hold again.
+    pub(super) fn mark(&self, key: &HostKey, cap: u32) {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        keys.entry(key.clone()).or_insert(None);
+        keys.entry(key.clone())
+            .and_modify(|held| {
+                if let Held::Deferred { cap: why } = held {
+                    *why = Some(cap);
+                }
+            })
+            .or_insert(Held::Deferred { cap: Some(cap) });
         self.any.store(true, Ordering::Release);
+    }
+
+    /// The stated cap `key` was deferred for, while it is deferred and the
+    /// primary has not admitted it since.
+    pub(super) fn stated(&self, key: &HostKey) -> Option<u32> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        match keys.get(key)? {
+            Held::Deferred { cap } => *cap,
+            Held::Until(_) => None,
+        }
     }
 
     /// Until when an admission of `key` by the primary at `now` is given
@@ -64,12 +94,13 @@ impl Deferred {
             return None;
         }
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        let until = match keys.get_mut(key)? {
-            Some(until) if *until > now => Some(*until),
-            Some(_) => None,
-            first @ None => {
+        let held = keys.get_mut(key)?;
+        let until = match *held {
+            Held::Until(until) if until > now => Some(until),
+            Held::Until(_) => None,
+            Held::Deferred { .. } => {
                 let until = crate::pacing::after(now, SETTLE);
-                *first = Some(until);
+                *held = Held::Until(until);
                 Some(until)
             }
         };
