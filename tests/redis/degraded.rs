@@ -34,6 +34,22 @@ async fn replicas_at(
     cap: u32,
     policy: FallbackPolicy,
 ) -> Vec<Arc<FallbackLimiter<RedisLimiter>>> {
+    let all = started(urls, gap, cap, policy).await;
+    // Three heartbeats: every replica has read every other's entry, and
+    // knows that they have read its own (see
+    // `replicas_started_together_keep_the_limit_when_redis_goes_at_once`).
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    all
+}
+
+/// One replica with `policy` per Redis URL of `urls`, each started by an
+/// acquire (its first heartbeat begins with it).
+async fn started(
+    urls: &[&str],
+    gap: Duration,
+    cap: u32,
+    policy: FallbackPolicy,
+) -> Vec<Arc<FallbackLimiter<RedisLimiter>>> {
     let all: Vec<_> = urls
         .iter()
         .map(|url| {
@@ -54,10 +70,6 @@ async fn replicas_at(
                 .unwrap(),
         );
     }
-    // Three heartbeats: every replica has read every other's entry, and
-    // knows that they have read its own (see
-    // `replicas_started_together_keep_the_limit_when_redis_goes_at_once`).
-    tokio::time::sleep(Duration::from_millis(1600)).await;
     all
 }
 
@@ -190,33 +202,12 @@ async fn replicas_started_together_keep_the_limit_when_redis_goes_at_once() {
     for attempt in 1.. {
         let server = RedisServer::start();
         let url = server.url();
-        let started = Instant::now();
-        let all: Vec<_> = (0..REPLICAS)
-            .map(|_| {
-                Arc::new(
-                    limiter(
-                        standalone(&url),
-                        |p| p.min_delay(gap),
-                        |b| {
-                            b.cluster_concurrency(6)
-                                .fallback_policy(FallbackPolicy::Share)
-                        },
-                    )
-                    .with_fallback(),
-                )
-            })
-            .collect();
-        for l in &all {
-            drop(
-                bounded(5, l.acquire_host("t", host("warm.test"), None))
-                    .await
-                    .unwrap(),
-            );
-        }
+        let started_at = Instant::now();
+        let all = started(&[&url, &url, &url], gap, 6, FallbackPolicy::Share).await;
         // Each first heartbeat (from the first acquire) answered, and no
         // second one yet: Redis goes within a heartbeat of the start.
         tokio::time::sleep(100 * MS).await;
-        let within_a_heartbeat = started.elapsed() < 450 * MS;
+        let within_a_heartbeat = started_at.elapsed() < 450 * MS;
         let seen = crawl_frozen(&server, &all, Duration::from_secs(3), 20 * MS)
             .await
             .host("a.test");

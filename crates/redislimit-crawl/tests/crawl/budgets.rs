@@ -159,19 +159,7 @@ async fn a_stated_concurrency_holds_through_a_redis_outage() {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let path = "/budget?unit=concurrent-requests&limit=3&chunks=3&every=100&window=10000";
-    let list = crate::urls(&upstream, &HOSTS, 30, path);
-    let url = server.url();
-    let args = [
-        "--redis",
-        url.as_str(),
-        "--min-delay",
-        "60ms",
-        "--cluster-concurrency",
-        "6",
-        "--lease-ttl",
-        "2s",
-    ];
-    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    let replicas = three_sharing_a_stated_cap(&server, &upstream, &dir, path, "60ms");
     let started = Instant::now();
     every_replica_knows_the_statements(&upstream).await;
     // And every replica's heartbeat has read the others', and has been
@@ -200,6 +188,31 @@ async fn a_stated_concurrency_holds_through_a_redis_outage() {
             "{host}: every replica sent in the outage: {seen:?}"
         );
     }
+}
+
+/// Three replicas sharing `server`, each host's 30 URLs at `path` (which
+/// states a cap on requests in flight) dealt among them: 6 in flight
+/// configured, `min_delay` apart, leases of 2 s.
+fn three_sharing_a_stated_cap(
+    server: &RedisServer,
+    upstream: &Upstream,
+    dir: &tempfile::TempDir,
+    path: &str,
+    min_delay: &str,
+) -> Vec<crate::Replica> {
+    let list = crate::urls(upstream, &HOSTS, 30, path);
+    let url = server.url();
+    let args = [
+        "--redis",
+        url.as_str(),
+        "--min-delay",
+        min_delay,
+        "--cluster-concurrency",
+        "6",
+        "--lease-ttl",
+        "2s",
+    ];
+    spawn_all(dir.path(), upstream, &list, 3, &args)
 }
 
 /// Waits (at most 30 s) until every one of three replicas has had an
@@ -235,19 +248,7 @@ async fn a_stated_concurrency_holds_when_redis_goes_in_the_first_second() {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let path = "/budget?unit=concurrent-requests&limit=3&chunks=2&every=50&window=10000";
-    let list = crate::urls(&upstream, &HOSTS, 30, path);
-    let url = server.url();
-    let args = [
-        "--redis",
-        url.as_str(),
-        "--min-delay",
-        "30ms",
-        "--cluster-concurrency",
-        "6",
-        "--lease-ttl",
-        "2s",
-    ];
-    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    let replicas = three_sharing_a_stated_cap(&server, &upstream, &dir, path, "30ms");
     every_replica_knows_the_statements(&upstream).await;
     server.kill();
     let down = Instant::now();
