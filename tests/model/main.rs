@@ -1,5 +1,6 @@
 //! The scripts against the reference model ([`redislimit_tests::model`]): sequences of
-//! acquire, release, abandon, renew, penalize, backoff and adopt from several tokens, with clock
+//! acquire, release, abandon, renew, penalize, backoff and adopt from several tokens, and
+//! caps on requests in flight the host states, with clock
 //! advances and garbage written into the keys, run against the real scripts on a real
 //! `redis-server` and against the model. Every reply (admit, wait and how long, full,
 //! voided, healed), the state each call leaves (`next`, the sizes of the sets and of the
@@ -31,7 +32,8 @@
 //! expiry cut short by a newer place, ties not
 //! broken, a place lost on asking again or kept after admission or after an abandon,
 //! one gap for all the waiters ahead, no slots kept for them, the line read without
-//! patience, an unparseable place not healed) and demands that each is found.
+//! patience, an unparseable place not healed; a stated cap not applied, applied at its
+//! lapse, or refusing a request heavier than it) and demands that each is found.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -249,6 +251,8 @@ enum Sleep {
     ToDeadline { req: usize, short: bool },
     /// To when a request's place in the waiting line lapses, or a microsecond before.
     ToLapse { req: usize, short: bool },
+    /// To when a cap the host stated lapses, or a microsecond before.
+    ToCapLapse { short: bool },
     /// A given time.
     By(Us),
 }
@@ -270,6 +274,12 @@ enum Op {
     },
     Renew(usize),
     Penalize(Us),
+    /// The host states a cap on requests in flight for a while (penalize.lua's cap
+    /// mode, as a `RateLimit-Policy` with `qu="concurrent-requests"` gives it).
+    StateCap {
+        cap: u32,
+        hold: Us,
+    },
     /// An overload signal (widen) or a success (narrow) for the adaptive backoff.
     Backoff {
         widen: bool,
@@ -370,6 +380,11 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (req.clone(), any::<bool>()).prop_map(|(req, known)| Op::Abandon { req, known }),
         4 => req.prop_map(Op::Renew),
         2 => (0i64..=20_000).prop_map(Op::Penalize),
+        4 => (
+            prop_oneof![1 => Just(0u32), 6 => 1u32..=2, 2 => 3u32..=4],
+            0i64..=40_000
+        )
+            .prop_map(|(cap, hold)| Op::StateCap { cap, hold }),
         2 => any::<bool>().prop_map(|widen| Op::Backoff { widen }),
         2 => (0..REQUESTS, 0i64..=40_000).prop_map(|(req, ago)| Op::Adopt { req, ago }),
         10 => Just(Op::Sleep(Sleep::AsTold)),
@@ -379,6 +394,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(req, short)| Op::Sleep(Sleep::ToDeadline { req, short })),
         2 => (0..REQUESTS, any::<bool>())
             .prop_map(|(req, short)| Op::Sleep(Sleep::ToLapse { req, short })),
+        2 => any::<bool>().prop_map(|short| Op::Sleep(Sleep::ToCapLapse { short })),
         1 => prop_oneof![
             Just(Key::Gate),
             Just(Key::Leases),
@@ -431,6 +447,9 @@ struct Seen {
     released: usize,
     renewed: usize,
     penalized: usize,
+    /// Acquires refused as full under a cap the host stated, which the configured
+    /// cap would have let in.
+    stated_full: usize,
     backed_off: usize,
     adopted: usize,
     /// Refusals that put (or kept) the request in the waiting line.
@@ -511,7 +530,9 @@ fn run(
                     seen.behind += usize::from(line.ahead > 0);
                     seen.lapsed += usize::from(line.lapsed > 0);
                 }
+                let lowered = model.cap_at(now, w) < p.cap;
                 let reply = model.acquire(now, &token(req), w, patience, room);
+                seen.stated_full += usize::from(lowered && reply[0] == 0 && reply[2] == 1);
                 match reply {
                     [1, _, ahead] => {
                         told = ahead;
@@ -584,6 +605,14 @@ fn run(
                 seen.penalized += usize::try_from(extended).unwrap_or(0);
                 vec![extended]
             }
+            Op::StateCap { cap, hold } => {
+                call = eval(
+                    &loaded.penalize,
+                    &Key::GATE,
+                    &[s(hold), s(p.lease_ttl), "2".to_owned(), s(cap.into())],
+                );
+                vec![model.state_cap(now, hold, cap)]
+            }
             Op::Backoff { widen } => {
                 let (start, max) = case.backoff;
                 call = eval(
@@ -632,6 +661,9 @@ fn run(
                     Sleep::ToLapse { req, short } => model
                         .lapses(&token(req))
                         .map_or(0, |by| (by - now - i64::from(short)).max(0)),
+                    Sleep::ToCapLapse { short } => model
+                        .stated_until()
+                        .map_or(0, |until| (until - now - i64::from(short)).max(0)),
                 };
                 Vec::new()
             }
@@ -840,6 +872,7 @@ fn answers_as_the_model_does(path: Path) {
         ("released while held", seen.released),
         ("renewed", seen.renewed),
         ("penalized", seen.penalized),
+        ("refused under a stated cap", seen.stated_full),
         ("backing off", seen.backed_off),
         ("adopted", seen.adopted),
         ("in the waiting line", seen.joined),
@@ -967,6 +1000,21 @@ fn a_broken_script_is_caught() {
             Sources::common_with(
                 "if a == nil then\n      garbage()",
                 "if a == nil then\n      a, b = '0', '0'",
+            ),
+        ),
+        (
+            "a cap the host stated is not applied",
+            Sources::acquire_with("elseif stated < cap then", "elseif false then"),
+        ),
+        (
+            "a request heavier than a cap the host stated is never admitted",
+            Sources::acquire_with("cap = math.max(stated, weight)", "cap = stated"),
+        ),
+        (
+            "a cap the host stated still holds when it lapses",
+            Sources::acquire_with(
+                "stated_until and stated_until > now then",
+                "stated_until and stated_until >= now then",
             ),
         ),
     ];

@@ -118,6 +118,9 @@ pub struct Model {
     booked: Option<String>,
     booked_next: Option<Us>,
     before: Option<Us>,
+    /// A cap on requests in flight the host stated, and until when it holds
+    /// (penalize.lua's cap mode): lease mode's cap is lowered to it meanwhile.
+    stated: Option<(u32, Us)>,
     /// Lease members (`token`, `token#2`, ...) and their deadlines.
     leases: BTreeMap<String, Us>,
     /// Quota kept exactly: members and their admission instants.
@@ -146,6 +149,7 @@ impl Model {
             booked: None,
             booked_next: None,
             before: None,
+            stated: None,
             leases: BTreeMap::new(),
             admits: BTreeMap::new(),
             buckets: BTreeMap::new(),
@@ -179,6 +183,7 @@ impl Model {
                 self.booked = None;
                 self.booked_next = None;
                 self.before = None;
+                self.stated = None;
             }
             Key::Leases => self.leases.clear(),
             Key::Admits => {
@@ -310,7 +315,8 @@ impl Model {
                 } else {
                     0
                 };
-                next.max(busy).max(backoff)
+                let stated = self.stated.map_or(0, |(_, until)| until);
+                next.max(busy).max(backoff).max(stated)
             }
             Key::Leases => self.leases.values().copied().max().unwrap_or(0),
             Key::Admits => {
@@ -441,7 +447,7 @@ impl Model {
                     next = next.max(busy + p.min_delay);
                 }
             }
-        } else if self.leases.len() as i64 + w > i64::from(p.cap) {
+        } else if self.leases.len() as i64 + w > i64::from(self.cap_at(now, weight)) {
             full = true;
         }
 
@@ -456,7 +462,7 @@ impl Model {
         // ahead (or, serialized, as when full).
         let mut behind = false;
         if ahead > 0 && p.cap != 0 && p.min_delay == 0 {
-            if self.leases.len() as i64 + ahead + w > i64::from(p.cap) {
+            if self.leases.len() as i64 + ahead + w > i64::from(self.cap_at(now, weight)) {
                 full = true;
             }
         } else if ahead > 0 {
@@ -518,6 +524,38 @@ impl Model {
             self.count(token, weight, at + room);
         }
         Ok([1, now, soon])
+    }
+
+    /// The cap on requests in flight an acquire of `weight` at `now` is held to: in
+    /// lease mode, a cap the host stated lowers the configured one while it holds, yet
+    /// never below the request's weight (a heavier request goes alone).
+    pub fn cap_at(&self, now: Us, weight: u32) -> u32 {
+        let cap = self.policy.cap;
+        match self.stated {
+            Some((stated, until)) if cap != 0 && until > now && stated < cap => stated.max(weight),
+            _ => cap,
+        }
+    }
+
+    /// When the cap the host stated last lapses, if it stated one.
+    pub fn stated_until(&self) -> Option<Us> {
+        self.stated.map(|(_, until)| until)
+    }
+
+    /// `penalize` in its cap mode: the host states that it takes `cap` requests in
+    /// flight for the next `hold` (the statement replaces the one before, whether
+    /// longer or shorter). 1 when recorded, 0 for a cap below 1; garbage in the gate
+    /// is replaced by a fresh hold, as `penalize` replaces it.
+    pub fn state_cap(&mut self, now: Us, hold: Us, cap: u32) -> i64 {
+        if self.next().is_err() {
+            self.heal(now, hold.max(self.policy.lease_ttl), &Key::GATE);
+            return 1;
+        }
+        if cap < 1 {
+            return 0;
+        }
+        self.stated = Some((cap, now + hold));
+        1
     }
 
     /// Counts `weight` units of `token` admitted at `at` in the quota.
