@@ -221,14 +221,15 @@ pub(crate) async fn policy(action: crate::PolicyCommand) -> anyhow::Result<()> {
 fn describe(version: u64, scope: &str, policies: &Policies) -> String {
     use std::fmt::Write;
     let mut text = format!(
-        "# version {version} of the policies published to scope {scope:?}\n\
-         # key_by: {} (give `crawl policy push` --key-by {0} with this file)\n\
+        "# version {version} of the policies published to scope {}\n\
+         # key_by: {} (give `crawl policy push` --key-by {1} with this file)\n\
          [default]\n",
+        quoted(scope),
         policies.key_by().as_str()
     );
     settings(&mut text, policies.default_pacing());
     for rule in policies.rules() {
-        let _ = write!(text, "\n[[rule]]\nmatch = {:?}\n", rule.pattern());
+        let _ = write!(text, "\n[[rule]]\nmatch = {}\n", quoted(rule.pattern()));
         if let Some(cap) = rule.cluster_concurrency() {
             let _ = writeln!(text, "cluster_concurrency = {cap}");
         }
@@ -237,17 +238,44 @@ fn describe(version: u64, scope: &str, policies: &Policies) -> String {
     text
 }
 
+/// `text` as a TOML string (Rust's `{:?}` escapes some characters in ways
+/// TOML does not read).
+fn quoted(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
 /// One pacing's settings, a `key = value` line each.
 fn settings(text: &mut String, pacing: &redislimit::Pacing) {
     use std::fmt::Write;
-    let duration = |d| humantime::format_duration(d).to_string();
-    let _ = writeln!(text, "min_delay = {:?}", duration(pacing.min_delay()));
+    let duration = |d| quoted(&humantime::format_duration(d).to_string());
+    let _ = writeln!(text, "min_delay = {}", duration(pacing.min_delay()));
     let _ = writeln!(text, "max_concurrent = {}", pacing.max_concurrent());
     let _ = writeln!(text, "quota = {}", pacing.quota());
     if pacing.quota() > 0 {
-        let _ = writeln!(text, "window = {:?}", duration(pacing.window()));
+        let _ = writeln!(text, "window = {}", duration(pacing.window()));
     }
-    let _ = writeln!(text, "jitter = {:?}", duration(pacing.jitter()));
-    let _ = writeln!(text, "max_penalty = {:?}", duration(pacing.max_penalty()));
+    let _ = writeln!(text, "jitter = {}", duration(pacing.jitter()));
+    let _ = writeln!(text, "max_penalty = {}", duration(pacing.max_penalty()));
     let _ = writeln!(text, "max_bytes_per_sec = {}", pacing.max_bytes_per_sec());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    /// What `crawl policy show` quotes reads back as it was, whatever it holds.
+    #[test]
+    fn quoted_text_reads_back_as_toml() {
+        for text in [
+            "*.example.com",
+            "a\"b\\c",
+            "tab\there",
+            "\u{1b}[0m",
+            "é\u{7f}",
+        ] {
+            let line = format!("x = {}", quoted(text));
+            let value: toml::Table = toml::from_str(&line).unwrap();
+            assert_eq!(value["x"].as_str(), Some(text), "{line}");
+        }
+    }
 }
