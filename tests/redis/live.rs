@@ -323,11 +323,23 @@ async fn published_policies_outlive_a_redis_restarted_empty() {
     }
     assert_eq!(late.policies().default_pacing().min_delay(), 30 * MS);
 
-    // Lost again (a flush): put back again.
-    server.command(&["DEL", key.as_str()]);
-    wait_for_version(&publisher, 2).await;
-    first.close(None).await.unwrap();
+    // Lost again (a flush): a replica started before it is put back waits
+    // for it rather than being refused by the agreement naming version 2.
     late.close(None).await.unwrap();
+    // The first is in use: its heartbeat keeps the agreement.
+    drop(
+        bounded(5, first.acquire_host("test", host("a.test"), None))
+            .await
+            .unwrap(),
+    );
+    server.command(&["DEL", key.as_str()]);
+    let later = replica(&server, 100 * MS).live();
+    let permit = bounded(5, later.acquire_host("test", host("c.test"), None)).await;
+    assert!(permit.is_ok(), "{permit:?}");
+    assert_eq!(later.version(), 2);
+    wait_for_version(&publisher, 2).await;
+    later.close(None).await.unwrap();
+    first.close(None).await.unwrap();
 }
 
 /// Waits (at most 10 s) until the scope's published policies are of

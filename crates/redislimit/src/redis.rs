@@ -27,6 +27,7 @@ mod ops;
 mod pause;
 mod pool;
 mod precise;
+mod published;
 mod queue;
 mod registry;
 mod renew;

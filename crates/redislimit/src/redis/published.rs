@@ -1,0 +1,171 @@
+//! Published policies in Redis: publishing the next version, reading it
+//! back, and putting the version in force back when the scope lost it
+//! (see `live.rs` for the limiter that follows them).
+
+use deadpool_redis::redis::{Value, cmd};
+
+use super::keys::RedisKeys;
+use super::limiter::RedisLimiter;
+use crate::{ConfigError, Error, Op, Policies};
+
+/// Publishes: the version goes up by one, past any version the scope's
+/// configuration record names (a policy key deleted by hand restarts at
+/// no older version than the replicas run).
+const PUBLISH: &str = r"
+local seen = 0
+local ok, record = pcall(redis.call, 'GET', KEYS[2])
+if ok and type(record) == 'string' then
+  seen = tonumber(string.match(record, ' policy=(%d+)$') or '0') or 0
+end
+local ok2, kept = pcall(redis.call, 'HGET', KEYS[1], 'version')
+if not ok2 then
+  redis.call('DEL', KEYS[1])
+  kept = nil
+end
+local version = math.max(tonumber(kept or '0') or 0, seen) + 1
+redis.call('HSET', KEYS[1], 'version', version, 'text', ARGV[1])
+return version
+";
+
+/// Puts the version in force back (`ARGV[1]`, its text `ARGV[2]`) when
+/// the scope holds none, or an older one; a newer one, or something that
+/// is not a hash of policies, is left as it is. Whether it wrote.
+const PUT_BACK: &str = r"
+local ok, kept = pcall(redis.call, 'HGET', KEYS[1], 'version')
+if not ok then
+  return 0
+end
+if kept and (tonumber(kept) or math.huge) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'text', ARGV[2])
+return 1
+";
+
+impl RedisLimiter {
+    /// Publishes `policies` to this limiter's scope, as the next version:
+    /// every [`LiveLimiter`](super::LiveLimiter) of the scope paces with them within a quarter
+    /// of its `lease_ttl` (plus a call to Redis), keeping each host's state.
+    /// Returns the version.
+    ///
+    /// They are refused first, and nothing is published, when this
+    /// limiter's builder would refuse them (the scope's own settings, such
+    /// as `cluster_concurrency`, are this limiter's): an error
+    /// [`Error::InvalidConfig`] naming the rule. The replicas compare what
+    /// they then admit with as before (see
+    /// [`check_config`](Self::check_config)): one whose own settings differ
+    /// from the publisher's is refused, naming both.
+    pub async fn publish_policies(&self, policies: &Policies) -> Result<u64, Error> {
+        self.rebuilder(policies.clone(), 1).build()?;
+        let settings = &self.core.settings;
+        let key = RedisKeys::policy(&settings.prefix, &settings.scope);
+        let mut publish = cmd("EVAL");
+        publish
+            .arg(PUBLISH)
+            .arg(2)
+            .arg(&key)
+            .arg(RedisKeys::config(&settings.prefix, &settings.scope))
+            .arg(policies.to_record());
+        self.core
+            .backend
+            .command::<u64>(&key, &publish)
+            .await
+            .map_err(|e| e.into_error(Op::Policies))
+    }
+
+    /// The policies published to this limiter's scope, with their version;
+    /// `None` when none are. Policies that cannot be read back (written by
+    /// a newer version of this crate, or by something else) are
+    /// [`Error::InvalidConfig`] with [`ConfigError::InvalidPublished`].
+    pub async fn published_policies(&self) -> Result<Option<(u64, Policies)>, Error> {
+        let settings = &self.core.settings;
+        let key = RedisKeys::policy(&settings.prefix, &settings.scope);
+        let mut get = cmd("HMGET");
+        get.arg(&key).arg("version").arg("text");
+        let reply = self.core.backend.command::<Value>(&key, &get).await;
+        let bad = |reason: &str| {
+            Error::from(ConfigError::InvalidPublished {
+                reason: reason.to_owned(),
+            })
+        };
+        let fields = match reply {
+            Ok(Value::Array(fields)) => fields,
+            Ok(_) => return Err(bad("Redis answered HMGET with something else")),
+            Err(e) => {
+                let err = e.into_error(Op::Policies);
+                return Err(if err.is_unavailable() {
+                    err
+                } else {
+                    bad(&format!("{key} is not a hash of policies: {err}"))
+                });
+            }
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+            _ => None,
+        };
+        match fields.as_slice() {
+            [Value::Nil, Value::Nil] => Ok(None),
+            [version, body] => {
+                let version = text(version)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| bad("its version is not a positive whole number"))?;
+                let body = text(body).ok_or_else(|| bad("it has no text"))?;
+                Ok(Some((version, Policies::from_record(&body)?)))
+            }
+            _ => Err(bad("Redis answered HMGET with another number of fields")),
+        }
+    }
+}
+
+/// The policy version a scope's configuration record names (its settings
+/// end in ` policy=N`); 0 when it names none.
+pub(super) fn named_version(record: &str) -> u64 {
+    record
+        .rsplit_once(" policy=")
+        .and_then(|(_, version)| version.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Puts `version`, the policies `redis` paces with, back in its scope
+/// (see [`PUT_BACK`]).
+pub(super) async fn put_back(redis: &RedisLimiter, version: u64) -> Result<(), Error> {
+    let settings = &redis.core.settings;
+    let key = RedisKeys::policy(&settings.prefix, &settings.scope);
+    let mut put = cmd("EVAL");
+    put.arg(PUT_BACK)
+        .arg(1)
+        .arg(&key)
+        .arg(version)
+        .arg(redis.policies().to_record());
+    let wrote = redis
+        .core
+        .backend
+        .command::<u64>(&key, &put)
+        .await
+        .map_err(|e| e.into_error(Op::Policies))?;
+    if wrote == 1 {
+        tracing::info!(
+            version,
+            "the scope had lost the policies in force: put them back"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::named_version;
+
+    #[test]
+    fn the_version_a_record_names_is_read_from_its_end() {
+        assert_eq!(
+            named_version("mode=serialized min_delay=30ms policy=12"),
+            12
+        );
+        assert_eq!(named_version("mode=serialized min_delay=30ms"), 0);
+        assert_eq!(named_version("policy=1 mode=lease policy=x"), 0);
+        assert_eq!(named_version(""), 0);
+    }
+}
