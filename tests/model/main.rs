@@ -447,8 +447,8 @@ struct Seen {
     released: usize,
     renewed: usize,
     penalized: usize,
-    /// Acquires refused as full under a cap the host stated, which the configured
-    /// cap would have let in.
+    /// Acquires refused as full while a cap the host stated lowered the
+    /// configured one.
     stated_full: usize,
     backed_off: usize,
     adopted: usize,

@@ -193,9 +193,10 @@ async fn share_keeps_the_rate_and_cap_of_all_replicas_together() {
 /// Regression: replicas started together each read the registry as it
 /// was when they registered, so the first saw only itself; when Redis went
 /// away within their first second it sent alone at the whole rate at once,
-/// beside the others at their shares of it. Now a replica the others may
-/// not know yet leaves the host to them, and one that saw no other waits
-/// as a share does before it sends alone.
+/// beside the others at their shares of it. Now a replica that the ones
+/// registered before it may not have read yet leaves the host to them,
+/// and the first, which saw no other, waits as a share does before it
+/// sends alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_started_together_keep_the_limit_when_redis_goes_at_once() {
     let gap = 150 * MS;
@@ -211,7 +212,7 @@ async fn replicas_started_together_keep_the_limit_when_redis_goes_at_once() {
         let seen = crawl_frozen(&server, &all, Duration::from_secs(3), 20 * MS)
             .await
             .host("a.test");
-        assert!(seen.len() >= 10, "the fleet kept working: {seen:?}");
+        assert!(!seen.is_empty(), "the fleet sent nothing: {seen:?}");
         let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
         assert!(
             peak <= rate_bound(gap),
@@ -225,6 +226,11 @@ async fn replicas_started_together_keep_the_limit_when_redis_goes_at_once() {
             "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
         );
         if within_a_heartbeat {
+            // The first replica saw no other: it sends alone, at the
+            // whole rate once it has waited (the others leave it the
+            // host). Later, every replica's roster names all three, and
+            // the first takes its share of them.
+            assert!(seen.len() >= 10, "the first replica kept working: {seen:?}");
             return;
         }
         assert!(

@@ -276,10 +276,10 @@ async fn the_agreement_follows_the_published_version() {
 /// Regression: Redis restarted empty lost the published policies, while
 /// the replicas in use put the scope's agreement back naming their
 /// version: a live replica started then was refused (`ConfigMismatch`,
-/// nothing published to switch to), and a replica still on an older
-/// version could put that one back for the others to switch down to.
-/// Now the replicas in use put the version in force back, and a newer
-/// one over an older.
+/// nothing published to switch to). Now the replicas in use put the
+/// version in force back (over an older one another replica put back),
+/// a replica started before that waits for it, and policies published
+/// meanwhile as an older version are renumbered past it and followed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_policies_outlive_a_redis_restarted_empty() {
     let server = RedisServer::start();
@@ -305,7 +305,16 @@ async fn published_policies_outlive_a_redis_restarted_empty() {
     server.restart();
     // An older version put back first (by a replica that had not switched
     // yet): the replica in force neither follows it nor leaves it there.
-    server.command(&["HSET", key.as_str(), "version", "1", "text", older.as_str()]);
+    server.command(&[
+        "HSET",
+        key.as_str(),
+        "version",
+        "1",
+        "text",
+        older.as_str(),
+        "put_back",
+        "1",
+    ]);
     let put_back = wait_for_version(&publisher, 2).await;
     assert_eq!(put_back.default_pacing().min_delay(), 30 * MS);
     assert_eq!(first.version(), 2);
@@ -339,6 +348,26 @@ async fn published_policies_outlive_a_redis_restarted_empty() {
     assert_eq!(later.version(), 2);
     wait_for_version(&publisher, 2).await;
     later.close(None).await.unwrap();
+
+    // Published as version 1 after Redis lost the count (as `publish`
+    // numbers it in an empty scope): the newest policies, renumbered past
+    // the version in force rather than overwritten, and followed.
+    server.command(&[
+        "EVAL",
+        "redis.call('DEL', KEYS[1]) \
+         redis.call('HSET', KEYS[1], 'version', 1, 'text', ARGV[1])",
+        "1",
+        key.as_str(),
+        older.as_str(),
+    ]);
+    let renumbered = wait_for_version(&publisher, 3).await;
+    assert_eq!(renumbered.default_pacing().min_delay(), 60 * MS);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first.version() != 3 {
+        assert!(Instant::now() < deadline, "{first:?}");
+        tokio::time::sleep(20 * MS).await;
+    }
+    assert_eq!(first.policies().default_pacing().min_delay(), 60 * MS);
     first.close(None).await.unwrap();
 }
 

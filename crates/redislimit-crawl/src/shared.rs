@@ -224,7 +224,8 @@ fn describe(version: u64, scope: &str, policies: &Policies) -> String {
         "# version {version} of the policies published to scope {}\n\
          # key_by: {} (give `crawl policy push` --key-by {1} with this file)\n\
          [default]\n",
-        quoted(scope),
+        // On the comment's one line, whatever the scope holds.
+        quoted(scope).replace(['\n', '\r'], " "),
         policies.key_by().as_str()
     );
     settings(&mut text, policies.default_pacing());

@@ -256,10 +256,18 @@ impl Live {
             // a replica that had not switched yet put an older version
             // back first: the version in force goes back, so that a
             // replica started now follows it rather than being refused by
-            // the agreement the replicas in use put back.
+            // the agreement the replicas in use put back. An older version
+            // published since (Redis had lost the count) is renumbered
+            // past it, and followed.
             Ok(_) if current.version > 0 => {
-                put_back(&current.redis, current.version).await?;
-                return Ok(current.version);
+                if !put_back(&current.redis, current.version).await? {
+                    return Ok(current.version);
+                }
+                // Put back, or an older publication renumbered: read again.
+                match current.redis.published_policies().await {
+                    Ok(Some(published)) if published.0 > current.version => published,
+                    _ => return Ok(current.version),
+                }
             }
             Ok(_) => return Ok(current.version),
             Err(err) if err.is_unavailable() => return Err(err),
@@ -333,21 +341,28 @@ impl Limiter for LiveLimiter {
                 tokio::select! {
                     biased;
                     got = acquire => match got {
-                        // The record names another version: switch to it,
-                        // and ask again under it.
-                        Err(Error::ConfigMismatch { .. })
-                            if self
-                                .live
-                                .refresh()
-                                .await
-                                .is_ok_and(|v| v != current.version) => {}
-                        // A newer version than any published: Redis lost
-                        // the policies, and the replicas in use put theirs
-                        // back at their next look; asked again meanwhile,
-                        // for two looks at most (and within the deadline).
-                        Err(Error::ConfigMismatch { ref theirs, .. })
-                            if named_version(theirs) > current.version
-                                && self.live.wait_for_put_back(&mut unpublished, deadline).await => {}
+                        Err(Error::ConfigMismatch { ref theirs, .. }) => {
+                            let named = named_version(theirs);
+                            let again = match self.live.refresh().await {
+                                // The record names another version:
+                                // switched to it; ask again under it.
+                                Ok(version) if version != current.version => true,
+                                // Published, but not usable here: reported.
+                                Err(err) if !err.is_unavailable() => false,
+                                // A newer version than any published: Redis
+                                // lost the policies, and the replicas in use
+                                // put theirs back at their next look; asked
+                                // again meanwhile, for two looks at most (and
+                                // within the deadline).
+                                _ => {
+                                    named > current.version
+                                        && self.live.wait_for_put_back(&mut unpublished, deadline).await
+                                }
+                            };
+                            if !again {
+                                return got;
+                            }
+                        }
                         // Closed by a switch (not by `close`): ask again.
                         Err(Error::Closed)
                             if self.live.current().version != current.version => {}

@@ -24,21 +24,40 @@ if not ok2 then
 end
 local version = math.max(tonumber(kept or '0') or 0, seen) + 1
 redis.call('HSET', KEYS[1], 'version', version, 'text', ARGV[1])
+redis.call('HDEL', KEYS[1], 'put_back')
 return version
 ";
 
 /// Puts the version in force back (`ARGV[1]`, its text `ARGV[2]`) when
-/// the scope holds none, or an older one; a newer one, or something that
-/// is not a hash of policies, is left as it is. Whether it wrote.
+/// the scope holds none, or an older one put back by a replica that had
+/// not switched yet (marked `put_back`); returns 1. An older one that was
+/// published (an operator's, after Redis lost the count of versions) is
+/// the newest policies: it is renumbered past this version and any the
+/// configuration record (`KEYS[2]`) names, so every replica switches to
+/// it; returns 2. A newer one, or something that is not a hash of
+/// policies, is left as it is: 0.
 const PUT_BACK: &str = r"
-local ok, kept = pcall(redis.call, 'HGET', KEYS[1], 'version')
+local ok, kept = pcall(redis.call, 'HMGET', KEYS[1], 'version', 'put_back')
 if not ok then
   return 0
 end
-if kept and (tonumber(kept) or math.huge) >= tonumber(ARGV[1]) then
-  return 0
+local mine = tonumber(ARGV[1])
+if kept[1] then
+  local version = tonumber(kept[1])
+  if version == nil or version >= mine then
+    return 0
+  end
+  if not kept[2] then
+    local seen = 0
+    local ok2, record = pcall(redis.call, 'GET', KEYS[2])
+    if ok2 and type(record) == 'string' then
+      seen = tonumber(string.match(record, ' policy=(%d+)$') or '0') or 0
+    end
+    redis.call('HSET', KEYS[1], 'version', math.max(mine, seen) + 1)
+    return 2
+  end
 end
-redis.call('HSET', KEYS[1], 'version', ARGV[1], 'text', ARGV[2])
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'text', ARGV[2], 'put_back', 1)
 return 1
 ";
 
@@ -129,14 +148,16 @@ pub(super) fn named_version(record: &str) -> u64 {
 }
 
 /// Puts `version`, the policies `redis` paces with, back in its scope
-/// (see [`PUT_BACK`]).
-pub(super) async fn put_back(redis: &RedisLimiter, version: u64) -> Result<(), Error> {
+/// (see [`PUT_BACK`]); whether the scope's policies changed (put back, or
+/// an older publication renumbered past it).
+pub(super) async fn put_back(redis: &RedisLimiter, version: u64) -> Result<bool, Error> {
     let settings = &redis.core.settings;
     let key = RedisKeys::policy(&settings.prefix, &settings.scope);
     let mut put = cmd("EVAL");
     put.arg(PUT_BACK)
-        .arg(1)
+        .arg(2)
         .arg(&key)
+        .arg(RedisKeys::config(&settings.prefix, &settings.scope))
         .arg(version)
         .arg(redis.policies().to_record());
     let wrote = redis
@@ -145,13 +166,19 @@ pub(super) async fn put_back(redis: &RedisLimiter, version: u64) -> Result<(), E
         .command::<u64>(&key, &put)
         .await
         .map_err(|e| e.into_error(Op::Policies))?;
-    if wrote == 1 {
-        tracing::info!(
+    match wrote {
+        1 => tracing::info!(
             version,
             "the scope had lost the policies in force: put them back"
-        );
+        ),
+        2 => tracing::warn!(
+            version,
+            "policies were published as an older version after the scope lost the version in \
+             force: renumbered past it, so that every replica follows them"
+        ),
+        _ => {}
     }
-    Ok(())
+    Ok(wrote != 0)
 }
 
 #[cfg(test)]

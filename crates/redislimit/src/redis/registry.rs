@@ -48,8 +48,8 @@ pub(super) const ALONE_AFTER: Duration = ENTRY_TTL
 /// How long Redis must have answered a replica's renewals before every
 /// other replica is known to have read its entry: a heartbeat of theirs,
 /// and half of one more for one that runs late. In heartbeats: known from
-/// its third on. Until then (`young`), others that lose Redis may not
-/// count it, and it does not serve hosts beside them.
+/// its third on. Until then it is young (see `Registry::young` and
+/// `Registry::unread`).
 const KNOWN_AFTER: Duration = Duration::from_millis(HEARTBEAT.as_millis() as u64 * 3 / 2);
 /// How long a lapsed entry is kept, and its replica's share kept free,
 /// under a `lease_ttl`: a replica cut off alone for longer than this is
@@ -91,11 +91,14 @@ pub(super) struct Registry {
 }
 
 /// An unbroken run of answered renewals: `since` the first was sent, the
-/// last at `last`.
+/// last at `last`; `elders`: whether the registry read with the first named
+/// other live replicas (registered before this one, they read it only at
+/// their next heartbeat; those registered after it read it as they did).
 #[derive(Debug, Clone, Copy)]
 struct Standing {
     since: Instant,
     last: Instant,
+    elders: bool,
 }
 
 /// The other replicas whose entry lapsed.
@@ -170,6 +173,15 @@ impl Registry {
         standing.is_none_or(|s| s.last < s.since + KNOWN_AFTER)
     }
 
+    /// Whether replicas this one read may not have read it yet: it is
+    /// [`young`](Self::young), and replicas were live in the registry when
+    /// its run of renewals began. The first of replicas started together
+    /// is read by every later one as it registers: it is not unread.
+    fn unread(&self) -> bool {
+        let standing = *self.standing.lock().unwrap_or_else(PoisonError::into_inner);
+        standing.is_some_and(|s| s.elders && s.last < s.since + KNOWN_AFTER)
+    }
+
     /// From when this replica may send on its own without another, still
     /// on Redis, admitting beside it: [`ALONE_AFTER`] after the last
     /// renewal of its entry was sent. `None` if none ever was (no replica
@@ -211,14 +223,14 @@ impl Registry {
             if peers.binary_search(id).is_err() {
                 continue;
             }
-            // Whether it was young, this replica cannot tell: it plans as
-            // one the others know (a young one defers: its share is kept
+            // Whether it was unread, this replica cannot tell: it plans as
+            // one the others know (an unread one defers: its share is kept
             // free for nothing).
             let roster = Roster {
                 peers: Some(&peers),
                 me: id,
                 expected: settings.expected_replicas,
-                young: false,
+                unread: false,
             };
             let divides = |n| settings.policies.at(policy).divides(n, cap);
             match plan_for(settings.fallback_policy, &roster, &key, divides, |_| 0) {
@@ -287,7 +299,8 @@ impl Registry {
         match answer {
             Ok(roll) => {
                 if renew {
-                    self.stand(sent);
+                    let elders = roll.live.iter().any(|id| *id != self.id);
+                    self.stand(sent, elders);
                 }
                 self.read(roll);
             }
@@ -295,19 +308,21 @@ impl Registry {
         }
     }
 
-    /// Notes that Redis answered a renewal sent at `sent`: the run of them
-    /// goes on, or starts again when the last one before is so old that
-    /// the others may have forgotten this replica since.
-    fn stand(&self, sent: Instant) {
+    /// Notes that Redis answered a renewal sent at `sent`, with other live
+    /// replicas in the registry (`elders`) or not: the run of them goes on,
+    /// or starts again when the last one before is so old that the others
+    /// may have forgotten this replica since.
+    fn stand(&self, sent: Instant, elders: bool) {
         let mut standing = self.standing.lock().unwrap_or_else(PoisonError::into_inner);
         *standing = Some(match *standing {
             Some(s) if sent.saturating_duration_since(s.last) <= self.keep => Standing {
-                since: s.since,
                 last: sent.max(s.last),
+                ..s
             },
             _ => Standing {
                 since: sent,
                 last: sent,
+                elders,
             },
         });
     }
@@ -380,7 +395,7 @@ impl Registry {
             peers: peers.as_deref(),
             me: &self.id,
             expected: settings.expected_replicas,
-            young: self.young(),
+            unread: self.unread(),
         };
         plan_for(
             settings.fallback_policy,
@@ -434,9 +449,9 @@ pub(super) struct Roster<'a> {
     pub(super) me: &'a str,
     /// How many replicas to assume without a registry.
     pub(super) expected: u32,
-    /// Whether the others may not know of this replica yet (see
-    /// `Registry::young`).
-    pub(super) young: bool,
+    /// Whether replicas this one read may not have read it yet (see
+    /// `Registry::unread`).
+    pub(super) unread: bool,
 }
 
 /// How a replica serves the host of `key` while Redis is unavailable, under
@@ -459,9 +474,10 @@ pub(super) fn plan_for(
         return Plan::Alone;
     }
     // Others it read may not have read it: they divide the host among
-    // themselves without it, so it leaves them the host (replicas started
-    // together each see those that registered before them).
-    if roster.young && roster.peers.is_some() {
+    // themselves without it, so it leaves them the host (of replicas
+    // started together, each sees those that registered before it, and
+    // the first is seen by all).
+    if roster.unread && roster.peers.is_some() {
         return Plan::Defer;
     }
     // Without a registry, a turn drawn from this replica's id: replicas
@@ -612,7 +628,7 @@ mod tests {
                     peers: Some(peers),
                     me,
                     expected: 1,
-                    young: false,
+                    unread: false,
                 };
                 plan_for(policy, &roster, key, |_| divides, |_| 0)
             })
@@ -753,7 +769,7 @@ mod tests {
             peers: None,
             me: "me",
             expected: 4,
-            young: false,
+            unread: false,
         };
         for policy in [FallbackPolicy::Share, FallbackPolicy::Partition] {
             assert_eq!(
@@ -786,7 +802,7 @@ mod tests {
                     peers: Some(&peers),
                     me,
                     expected: 1,
-                    young: true,
+                    unread: true,
                 };
                 assert_eq!(plan_for(policy, &young, &key, |_| true, |_| 0), Plan::Defer);
             }
@@ -794,7 +810,7 @@ mod tests {
                 peers: Some(&peers[..1]),
                 me: "a",
                 expected: 1,
-                young: true,
+                unread: true,
             };
             assert_eq!(plan_for(policy, &first, &key, |_| true, |_| 0), Plan::Alone);
             // Never having read the registry, it goes by `expected` as before.
@@ -802,7 +818,7 @@ mod tests {
                 peers: None,
                 me: "a",
                 expected: 3,
-                young: true,
+                unread: true,
             };
             assert_eq!(
                 plan_for(policy, &unread, &key, |_| true, |_| 1),
@@ -813,7 +829,7 @@ mod tests {
             peers: Some(&peers),
             me: "a",
             expected: 1,
-            young: true,
+            unread: true,
         };
         assert_eq!(
             plan_for(FallbackPolicy::Full, &full, &key, |_| true, |_| 0),
@@ -828,22 +844,24 @@ mod tests {
     async fn a_replica_is_known_once_its_renewals_were_answered_for_two_heartbeats() {
         let registry = Registry::new("p", "s", Duration::from_secs(4));
         assert!(registry.young());
+        assert!(!registry.unread(), "it read no one");
         let start = Instant::now();
-        registry.stand(start);
-        assert!(registry.young());
-        registry.stand(start + HEARTBEAT);
-        assert!(registry.young());
-        registry.stand(start + 2 * HEARTBEAT);
-        assert!(!registry.young());
+        registry.stand(start, true);
+        assert!(registry.young() && registry.unread());
+        registry.stand(start + HEARTBEAT, false);
+        assert!(registry.young() && registry.unread());
+        registry.stand(start + 2 * HEARTBEAT, false);
+        assert!(!registry.young() && !registry.unread());
         // A break shorter than the others keep a lapsed entry: still known.
         let back = start + KNOWN_AFTER + registry.keep;
-        registry.stand(back);
+        registry.stand(back, true);
         assert!(!registry.young());
         // Longer: forgotten, young again until known again.
         let later = back + registry.keep + HEARTBEAT;
-        registry.stand(later);
+        registry.stand(later, false);
         assert!(registry.young());
-        registry.stand(later + KNOWN_AFTER);
+        assert!(!registry.unread(), "no one was live before it");
+        registry.stand(later + KNOWN_AFTER, true);
         assert!(!registry.young());
     }
 }
