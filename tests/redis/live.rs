@@ -33,6 +33,23 @@ fn gap(min_delay: Duration) -> Policies {
     Policies::new(Pacing::builder().min_delay(min_delay).build().unwrap())
 }
 
+/// A live replica in use (holding the permit returned), then `policies`
+/// published as version 1 by another replica, which is returned.
+async fn in_use_then_published(
+    server: &RedisServer,
+    policies: Policies,
+) -> (LiveLimiter, redislimit::Permit, RedisLimiter) {
+    let first = replica(server, 100 * MS).live();
+    let permit = bounded(5, first.acquire_host("test", host("a.test"), None))
+        .await
+        .unwrap();
+    let publisher = replica(server, 100 * MS);
+    bounded(5, publisher.publish_policies(&policies))
+        .await
+        .unwrap();
+    (first, permit, publisher)
+}
+
 /// The published policies come back as they were, with a version that
 /// grows; a live replica takes them at `refresh`, its snapshot names the
 /// version, and the host's state (a penalty) is kept across the switch.
@@ -234,14 +251,7 @@ async fn invalid_policies_are_refused_and_garbage_switches_nothing_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agreement_follows_the_published_version() {
     let server = RedisServer::start();
-    let first = replica(&server, 100 * MS).live();
-    let _permit = bounded(5, first.acquire_host("test", host("a.test"), None))
-        .await
-        .unwrap();
-    let publisher = replica(&server, 100 * MS);
-    bounded(5, publisher.publish_policies(&gap(30 * MS)))
-        .await
-        .unwrap();
+    let (first, _permit, publisher) = in_use_then_published(&server, gap(30 * MS)).await;
     // Within a quarter of the lease TTL (and a call), the first follows.
     tokio::time::sleep(LEASE_TTL).await;
     assert_eq!(first.version(), 1);
@@ -283,14 +293,7 @@ async fn the_agreement_follows_the_published_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_policies_outlive_a_redis_restarted_empty() {
     let server = RedisServer::start();
-    let first = replica(&server, 100 * MS).live();
-    let _permit = bounded(5, first.acquire_host("test", host("a.test"), None))
-        .await
-        .unwrap();
-    let publisher = replica(&server, 100 * MS);
-    bounded(5, publisher.publish_policies(&gap(60 * MS)))
-        .await
-        .unwrap();
+    let (first, _permit, publisher) = in_use_then_published(&server, gap(60 * MS)).await;
     let key = server.query(&["KEYS", "*:policy"]).as_array().unwrap()[0]
         .as_str()
         .unwrap()

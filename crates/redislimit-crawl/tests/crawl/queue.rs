@@ -58,6 +58,31 @@ async fn enqueue(server: &RedisServer, dir: &std::path::Path, text: &str) -> Str
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A crawl replica's arguments taking URLs from the queue in `server`
+/// (and pacing through it): batches of `batch`, items taken over after
+/// `claim_after`; leases of 2 s, 60 ms apart, 4 at once.
+fn queue_args(server: &RedisServer, batch: &str, claim_after: &str) -> Vec<String> {
+    let url = server.url();
+    [
+        "--queue",
+        &url,
+        "--redis",
+        &url,
+        "--queue-batch",
+        batch,
+        "--claim-after",
+        claim_after,
+        "--lease-ttl",
+        "2s",
+        "--min-delay",
+        "60ms",
+        "--concurrency",
+        "4",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// Three replicas share one queue; replica 0 is SIGKILLed mid-crawl and a
 /// fourth starts after it. Every URL is fetched; none twice but those the
 /// killed replica had taken and not finished (at most one batch); the
@@ -85,23 +110,8 @@ async fn replicas_share_a_queue_through_a_kill_and_a_late_start() {
         "{stdout}"
     );
 
-    let url = server.url();
-    let args = [
-        "--queue",
-        &url,
-        "--redis",
-        &url,
-        "--queue-batch",
-        "6",
-        "--claim-after",
-        "1s",
-        "--lease-ttl",
-        "2s",
-        "--min-delay",
-        "60ms",
-        "--concurrency",
-        "4",
-    ];
+    let args = queue_args(&server, "6", "1s");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let start = |n| spawn(dir.path(), n, &upstream, &[], &args);
     let mut replicas: Vec<Replica> = (0..3).map(start).collect();
     // Mid-crawl: replica 0 has sent some, and most are still to come.
@@ -225,25 +235,10 @@ async fn a_redis_down_for_a_while_has_no_url_fetched_twice() {
     let list = crate::urls(&upstream, &hosts, 20, "/q");
     let stdout = enqueue(&server, dir.path(), &list.join("\n")).await;
     assert!(stdout.contains("80 URLs added"), "{stdout}");
-    let url = server.url();
-    let args = [
-        "--queue",
-        &url,
-        "--redis",
-        &url,
-        // Half the queue each: both are still fetching their batch when
-        // Redis goes (between batches a replica would wait for Redis).
-        "--queue-batch",
-        "40",
-        "--claim-after",
-        "20s",
-        "--lease-ttl",
-        "2s",
-        "--min-delay",
-        "60ms",
-        "--concurrency",
-        "4",
-    ];
+    // Half the queue each: both are still fetching their batch when Redis
+    // goes (between batches a replica would wait for Redis).
+    let args = queue_args(&server, "40", "20s");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let replicas: Vec<Replica> = (0..2)
         .map(|n| spawn(dir.path(), n, &upstream, &[], &args))
         .collect();
