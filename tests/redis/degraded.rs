@@ -309,6 +309,70 @@ async fn a_replica_with_no_part_of_a_stated_cap_keeps_out_after_it_lapses() {
     assert_eq!(senders.len(), 2, "{seen:?}");
 }
 
+/// Regression: a request that had found this replica a part of the host's
+/// pace (no cap stated yet) and then waited for its turn took a part of a
+/// cap the host stated meanwhile even when its part was none (one, at
+/// least): each replica's first response here states a cap of 1 among the
+/// three, while each replica's next request waits for its turn, and all
+/// three sent it. Now only the replica whose part the cap is sends; the
+/// others leave the host to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_stated_while_a_request_waits_for_its_turn_is_kept() {
+    let server = RedisServer::start();
+    let gap = Duration::from_secs(1);
+    let all = replicas(&server, gap, 6, FallbackPolicy::Share).await;
+    server.pause();
+    let recorder = Arc::new(Recorder::new());
+    let sends = all.iter().enumerate().map(|(replica, l)| {
+        let (l, recorder) = (Arc::clone(l), Arc::clone(&recorder));
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let first = l.acquire_host("t", host("a.test"), Some(deadline)).await;
+            let first = first.expect("each replica's first request takes its turn");
+            let sent = Instant::now();
+            // The next request: admitted in process one gap after the
+            // first, it then waits in its share for its turn, two gaps on.
+            let next = {
+                let l = Arc::clone(&l);
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+                tokio::spawn(
+                    async move { l.acquire_host("t", host("a.test"), Some(deadline)).await },
+                )
+            };
+            // The first response states the cap while the next waits.
+            tokio::time::sleep(1800 * MS).await;
+            recorder.record("a.test", replica, sent, Instant::now());
+            bounded(5, l.cap_host(host("a.test"), 1, Duration::from_secs(60)))
+                .await
+                .unwrap();
+            drop(first);
+            match bounded(10, next).await.unwrap() {
+                Ok(permit) => {
+                    let sent = Instant::now();
+                    tokio::time::sleep(100 * MS).await;
+                    recorder.record("a.test", replica, sent, Instant::now());
+                    drop(permit);
+                    true
+                }
+                Err(Error::WaitBudget { .. }) => false,
+                Err(err) => panic!("the fallback failed: {err:?}"),
+            }
+        }
+    });
+    let tasks: Vec<_> = sends.map(tokio::spawn).collect();
+    let mut senders = 0;
+    for task in tasks {
+        senders += usize::from(bounded(30, task).await.unwrap());
+    }
+    server.resume();
+    assert_eq!(
+        senders,
+        1,
+        "the host allows one request among three replicas: {:?}",
+        recorder.host("a.test")
+    );
+}
+
 /// A replica whose part of a stated cap is none, taking turns for another
 /// host (its share is active), takes no turn for this one: it leaves it
 /// to the others, and keeps sending to the other host at its share.

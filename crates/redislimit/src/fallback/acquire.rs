@@ -101,10 +101,15 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                     (None, None)
                 }
                 (Some(turns), None) => {
-                    let (permit, ends) = self
+                    let shared = self
                         .share(turns, false, engine, &host, deadline, request)
                         .await
                         .map_err(|e| report.fail(e))?;
+                    // The host stated a cap since, of which this replica
+                    // has no part: the next pass defers, as above.
+                    let Some((permit, ends)) = shared else {
+                        continue;
+                    };
                     (Some((turns, Unsent::new(permit))), Some(ends))
                 }
                 (None, _) => (None, None),
@@ -211,8 +216,11 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                 tokio::time::sleep_until(from).await;
                 continue;
             }
+            // (A cap the host stated since the turn was taken, of which
+            // this replica's part is none, defers below instead.)
             if let Some(((n, index), turn)) = turn
                 && plan == (Plan::Share { n, index })
+                && self.no_part(&host, &key, (n, index)).is_none()
             {
                 // The outage goes on (its grace starts again when the
                 // primary next answers) and the turn is taken: the send
@@ -263,12 +271,19 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                     .map_err(|e| report.fail(e))?,
             );
             let share = match plan {
-                Plan::Share { n, index } => Some(
-                    self.share((n, index), true, engine, &host, deadline, request)
+                Plan::Share { n, index } => {
+                    let shared = self
+                        .share((n, index), true, engine, &host, deadline, request)
                         .await
-                        .map_err(|e| report.fail(e))?
-                        .0,
-                ),
+                        .map_err(|e| report.fail(e))?;
+                    // No part of a cap the host stated while this acquire
+                    // waited: the next pass defers (the local admission is
+                    // taken back).
+                    let Some((permit, _)) = shared else {
+                        continue;
+                    };
+                    Some(permit)
+                }
                 _ => None,
             };
             let mut local = local.take();
@@ -367,6 +382,11 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
     /// and replica `index` sends only at the start of slots `index`,
     /// `index + n`, ..., so their sends interleave instead of bunching, and
     /// any interval holds no more sends than the shared pace allows.
+    ///
+    /// `None`: the host stated a cap on requests in flight of which this
+    /// replica's part is none (see `no_part`) after the caller checked,
+    /// while this waited (for the share's pace or for the turn); nothing is
+    /// admitted, and the caller defers.
     async fn share(
         &self,
         (n, index): (u32, u32),
@@ -375,7 +395,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         host: &HostKey,
         deadline: Option<Instant>,
         request: RequestPacing,
-    ) -> Result<(Permit, Instant), Error> {
+    ) -> Result<Option<(Permit, Instant)>, Error> {
         let policies = self.fallback.policies();
         let (began, limiter) = self.shares.get(n, index, policies, outage, Instant::now());
         let gap = policies.pacing_for(host).min_delay();
@@ -397,10 +417,14 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         }
         // A cap on requests in flight the host stated is divided among the
         // replicas, for as long as it holds (stated to the share again only
-        // when the host restated it). A replica whose part is none is not
-        // here (see `no_part`), unless the host stated the cap since.
+        // when the host restated it). A replica whose part is none admits
+        // nothing (the caller checked before it waited; the host may have
+        // stated the cap since).
         if let Some((cap, until)) = self.fallback.stated_cap(host) {
-            let share = stated_share(cap, n, index).max(1);
+            let share = stated_share(cap, n, index);
+            if share == 0 {
+                return Ok(None);
+            }
             let stated = limiter.stated_cap(host);
             if !stated.is_some_and(|(c, u)| c == share && u >= until) {
                 let window = until.saturating_duration_since(now);
@@ -437,7 +461,15 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             }
             tokio::time::sleep_until(turn).await;
             if let Some(left) = turn_left(gap, n, index, wall_clock(), late) {
-                return Ok((permit, after(Instant::now(), left)));
+                // A cap stated while this request waited for its turn, of
+                // which this replica's part is none: not sent.
+                if let Some((cap, _)) = self.fallback.stated_cap(host)
+                    && stated_share(cap, n, index) == 0
+                {
+                    permit.abandon();
+                    return Ok(None);
+                }
+                return Ok(Some((permit, after(Instant::now(), left))));
             }
             tracing::debug!(host = %host, "woke past this replica's turn: waiting for its next");
         }
