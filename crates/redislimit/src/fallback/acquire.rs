@@ -86,7 +86,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // send their parts, it waits. Either way its first admission
             // by the primary is given back (see `Deferred`).
             let turns = self.shares.turns(Instant::now());
-            let none_of = turns.and_then(|turns| self.no_part(&host, &key, turns));
+            let none_of = turns.and_then(|turns| self.no_part(&key, turns));
             let (turn, turn_ends) = match (turns, none_of) {
                 (Some(_), Some(cap)) => {
                     self.deferred.mark(&key, cap);
@@ -220,7 +220,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // this replica's part is none, defers below instead.)
             if let Some(((n, index), turn)) = turn
                 && plan == (Plan::Share { n, index })
-                && self.no_part(&host, &key, (n, index)).is_none()
+                && self.no_part(&key, (n, index)).is_none()
             {
                 // The outage goes on (its grace starts again when the
                 // primary next answers) and the turn is taken: the send
@@ -244,7 +244,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // primary is given back too: the outage takes its own.
             drop(local);
             let none_of = match plan {
-                Plan::Share { n, index } => self.no_part(&host, &key, (n, index)),
+                Plan::Share { n, index } => self.no_part(&key, (n, index)),
                 _ => None,
             };
             if plan == Plan::Defer || none_of.is_some() {
@@ -350,13 +350,19 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
     /// part of it hear it restated in their responses, this one (sending
     /// nothing) does not, and taking its share of the configured cap back
     /// would add to their parts of the stated one.
-    fn no_part(&self, host: &HostKey, key: &HostKey, (n, index): (u32, u32)) -> Option<u32> {
+    fn no_part(&self, key: &HostKey, (n, index): (u32, u32)) -> Option<u32> {
         let cap = self
-            .fallback
-            .stated_cap(host)
+            .stated_cap(key)
             .map(|(cap, _)| cap)
             .or_else(|| self.deferred.stated(key))?;
         (stated_share(cap, n, index) == 0).then_some(cap)
+    }
+
+    /// The cap on requests in flight the host of `key` stated, and until
+    /// when, as the outage keeps it (see `Shares::stated`): also once it
+    /// lapsed here, while the primary has not answered since.
+    fn stated_cap(&self, key: &HostKey) -> Option<(u32, Instant)> {
+        self.shares.stated(key, Instant::now())
     }
 
     /// The primary answered: the share's grace starts (once its turns end,
@@ -416,19 +422,20 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             limiter.penalize_host(host.clone(), from - now).await?;
         }
         // A cap on requests in flight the host stated is divided among the
-        // replicas, for as long as it holds (stated to the share again only
-        // when the host restated it). A replica whose part is none admits
-        // nothing (the caller checked before it waited; the host may have
-        // stated the cap since).
-        if let Some((cap, until)) = self.fallback.stated_cap(host) {
+        // replicas, and kept through the outage, also past its lapse here
+        // (see `stated_cap`): the share holds this replica's part for as
+        // long as the share lasts, and takes a new part when the host
+        // states another cap. A replica whose part is none admits nothing
+        // (the caller checked before it waited; the host may have stated
+        // the cap since).
+        let key = policies.key(host);
+        if let Some((cap, _)) = self.stated_cap(&key) {
             let share = stated_share(cap, n, index);
             if share == 0 {
                 return Ok(None);
             }
-            let stated = limiter.stated_cap(host);
-            if !stated.is_some_and(|(c, u)| c == share && u >= until) {
-                let window = until.saturating_duration_since(now);
-                limiter.cap_host(host.clone(), share, window).await?;
+            if limiter.stated_cap(host).is_none_or(|(c, _)| c != share) {
+                limiter.cap_host(host.clone(), share, Duration::MAX).await?;
             }
         }
         // A request heavier than this replica's share of the cap or quota
@@ -463,7 +470,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             if let Some(left) = turn_left(gap, n, index, wall_clock(), late) {
                 // A cap stated while this request waited for its turn, of
                 // which this replica's part is none: not sent.
-                if let Some((cap, _)) = self.fallback.stated_cap(host)
+                if let Some((cap, _)) = self.stated_cap(&key)
                     && stated_share(cap, n, index) == 0
                 {
                     permit.abandon();

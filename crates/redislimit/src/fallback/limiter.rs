@@ -302,6 +302,12 @@ impl<P: Limiter + 'static> Limiter for FallbackLimiter<P> {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             self.fallback.cap_host(host.clone(), cap, window).await?;
+            // Kept for an outage (see `Shares::stated`).
+            let domain =
+                crate::limiter::coordination(&*self.primary).map_or(0, |c| c.failure_domain(&host));
+            let key = self.fallback.policies().key(&host);
+            let until = crate::pacing::after(Instant::now(), window);
+            self.shares.of(domain).state(key, cap, until);
             match self.primary.cap_host(host, cap, window).await {
                 Err(err) if err.is_unavailable() => Ok(()),
                 result => result,

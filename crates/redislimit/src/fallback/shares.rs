@@ -3,14 +3,15 @@
 //! primary's return): the in-process limiter applying it, and whether its
 //! turns are still in force, as plain functions of the instant given.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::pacing::after;
-use crate::{DomainLimiter, Policies};
+use crate::{DomainLimiter, HostKey, Policies};
 
 /// The shares of each failure domain of the primary (a Redis Cluster
 /// master, or the whole of Redis): an outage of one master sends only its
@@ -28,12 +29,33 @@ impl Domains {
     }
 }
 
-/// The in-process limiter pacing this replica's share during an outage.
-#[derive(Debug, Default)]
+/// The in-process limiter pacing this replica's share during an outage,
+/// and the caps on requests in flight its hosts stated, as an outage keeps
+/// them (see [`Shares::stated`]).
+#[derive(Debug)]
 pub(super) struct Shares {
     /// Whether `current` holds anything (read on every admission).
     active: AtomicBool,
     current: Mutex<Option<Share>>,
+    /// When the primary last answered, in µs since `epoch`, plus one; 0
+    /// while it never has.
+    heard: AtomicU64,
+    epoch: Instant,
+    /// The last cap on requests in flight each host stated, by key, and
+    /// until when it holds.
+    stated: Mutex<HashMap<HostKey, (u32, Instant)>>,
+}
+
+impl Default for Shares {
+    fn default() -> Self {
+        Self {
+            active: AtomicBool::default(),
+            current: Mutex::default(),
+            heard: AtomicU64::default(),
+            epoch: Instant::now(),
+            stated: Mutex::default(),
+        }
+    }
 }
 
 /// The share this replica paces at during (and just after) an outage.
@@ -169,9 +191,50 @@ impl Shares {
         self.with_grace(Grace::failed);
     }
 
-    /// The primary admitted a request at `now`.
+    /// The primary admitted a request at `now` (or named a wait).
     pub(super) fn answered(&self, now: Instant) {
+        let micros = now.saturating_duration_since(self.epoch).as_micros();
+        let micros = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
+        self.heard.fetch_max(micros, Ordering::Relaxed);
         self.with_grace(|grace| grace.answered(now));
+    }
+
+    /// When the primary last answered, if it ever did.
+    fn heard(&self) -> Option<Instant> {
+        match self.heard.load(Ordering::Relaxed) {
+            0 => None,
+            micros => Some(after(self.epoch, Duration::from_micros(micros - 1))),
+        }
+    }
+
+    /// `key` stated a cap on requests in flight of `cap` until `until` (see
+    /// `Limiter::cap_host`), which replaces what it stated before. Caps
+    /// that lapsed before the primary last answered are forgotten as the
+    /// statements grow.
+    pub(super) fn state(&self, key: HostKey, cap: u32, until: Instant) {
+        let heard = self.heard();
+        let mut stated = self.stated.lock().unwrap_or_else(PoisonError::into_inner);
+        stated.insert(key, (cap.max(1), until));
+        if stated.len() >= 64 && stated.len().is_power_of_two() {
+            stated.retain(|_, &mut (_, until)| heard.is_none_or(|heard| until > heard));
+        }
+    }
+
+    /// The cap on requests in flight `key` stated, and until when, as an
+    /// outage keeps it: in force at `now`, or lapsed only since the
+    /// primary last answered. Through an outage the host may go on stating
+    /// it to the replicas that send to it, while this one, sending nothing
+    /// yet (or nothing at all, its part being none), hears nothing; the
+    /// primary, once it answers, holds the host's statement for every
+    /// replica.
+    pub(super) fn stated(&self, key: &HostKey, now: Instant) -> Option<(u32, Instant)> {
+        let (cap, until) = *self
+            .stated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)?;
+        let kept = until > now || self.heard().is_some_and(|heard| until > heard);
+        kept.then_some((cap, until))
     }
 
     fn with_grace(&self, f: impl FnOnce(&mut Grace)) {
@@ -264,5 +327,30 @@ mod tests {
         // Forgotten: a new outage begins afresh.
         let again = later + Duration::from_secs(60);
         assert_eq!(shares.get(3, 1, &policies, true, again).0, again);
+    }
+
+    /// A stated cap holds until it lapses, and past that while the primary
+    /// has not answered since it held (an outage); never when the primary
+    /// never answered.
+    #[tokio::test(start_paused = true)]
+    async fn a_stated_cap_is_kept_past_its_lapse_until_the_primary_answers() {
+        let shares = Shares::default();
+        let key = HostKey::parse("http://a.test/").unwrap();
+        let start = Instant::now();
+        let until = start + Duration::from_secs(2);
+        let past = until + Duration::from_secs(10);
+        shares.state(key.clone(), 2, until);
+        assert_eq!(shares.stated(&key, start), Some((2, until)));
+        assert_eq!(shares.stated(&key, past), None, "never answered");
+        // Answered while it held, then nothing: kept.
+        shares.answered(start + Duration::from_secs(1));
+        assert_eq!(shares.stated(&key, past), Some((2, until)));
+        // Answered after it lapsed: gone; a new statement replaces it.
+        shares.answered(until);
+        assert_eq!(shares.stated(&key, past), None);
+        shares.state(key.clone(), 0, past);
+        assert_eq!(shares.stated(&key, start), Some((1, past)), "at least 1");
+        let other = HostKey::parse("http://b.test/").unwrap();
+        assert_eq!(shares.stated(&other, start), None);
     }
 }
