@@ -4,7 +4,8 @@
 //! and no gap shorter than the smaller of the two at the switch. A replica
 //! started afterwards with the old flags takes the published policy
 //! instead of being refused. A file the replicas would refuse is refused
-//! by the push, and nothing is published.
+//! by the push, and nothing is published. A published policy outlives a
+//! Redis restarted empty.
 
 use std::time::{Duration, Instant};
 
@@ -223,4 +224,67 @@ async fn a_policy_pushed_mid_crawl_reaches_every_replica_within_a_lease_ttl() {
         "{} sends one lease TTL after the push still at the old gap: {slow:?}",
         slow.len()
     );
+}
+
+/// Redis restarted empty under a crawl following a published policy slower
+/// than its flags: the replicas put the policy back and keep its pace
+/// (judged at the upstream), and a replica started afterwards with the
+/// same flags follows it too, rather than being refused or pacing by its
+/// flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_policy_outlives_a_redis_restarted_empty() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let redis = server.url();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        format!("[default]\nmin_delay = \"{}ms\"\n", OLD.as_millis()),
+    )
+    .unwrap();
+    let (code, said) = push(&redis, &file);
+    assert_eq!(code, Some(0), "{said}");
+
+    let list = urls(&upstream, &[HOST], 24, "/");
+    let flags = format!("{}ms", NEW.as_millis());
+    let args = [
+        "--redis",
+        &redis,
+        "--min-delay",
+        &flags,
+        "--lease-ttl",
+        LEASE_TTL,
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    server.restart();
+    let back = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let late_urls = urls(&upstream, &[HOST], 3, "/late");
+    let late = spawn(dir.path(), 3, &upstream, &late_urls, &args);
+    finish(replicas).await;
+    let (code, said) = exit(late).await;
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("policies were published to the scope"),
+        "{said}"
+    );
+    // Put back in Redis, as published.
+    let (code, shown) = show(&redis);
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(
+        shown.contains(&format!("\"{}ms\"", OLD.as_millis())),
+        "{shown}"
+    );
+    let seen = upstream.recorder().host(HOST);
+    assert_eq!(seen.len(), 27);
+    assert!(
+        seen.iter().any(|r| r.send < back) && seen.iter().any(|r| r.send > back && r.replica < 3),
+        "the restart fell mid-crawl: {seen:?}"
+    );
+    // The published gap throughout: before the restart, across it, and
+    // after, the late replica's sends included.
+    assert_serialized(&seen, OLD - 5 * MS);
 }
