@@ -31,6 +31,7 @@ mod published;
 mod queue;
 mod registry;
 mod renew;
+mod roster;
 mod scripts;
 mod settings;
 mod shared;

@@ -26,6 +26,7 @@ use super::agreement::Agreement;
 use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
+use super::roster::{Roster, plan_for};
 use super::scripts::register::Roll;
 use super::settings::{Args, Mode, Settings};
 use crate::HostKey;
@@ -439,65 +440,6 @@ pub(super) fn less_lapsed(args: &mut Args, base: &Args, weight: u32, lapse: Laps
     args.shun_turns = turns;
 }
 
-/// What a replica knows of its peers when it plans a host's outage.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Roster<'a> {
-    /// The live replicas at the last heartbeat Redis answered (sorted), if
-    /// it ever answered one.
-    pub(super) peers: Option<&'a [String]>,
-    /// This replica's id.
-    pub(super) me: &'a str,
-    /// How many replicas to assume without a registry.
-    pub(super) expected: u32,
-    /// Whether replicas this one read may not have read it yet (see
-    /// `Registry::unread`).
-    pub(super) unread: bool,
-}
-
-/// How a replica serves the host of `key` while Redis is unavailable, under
-/// `policy`, from what `roster` says of its peers: a plain function. With
-/// `n` replicas, `divides(n)` says whether the host's limits divide among
-/// them; `spare_turn(n)` draws this replica a turn when it never saw the
-/// registry.
-pub(super) fn plan_for(
-    policy: FallbackPolicy,
-    roster: &Roster<'_>,
-    key: &HostKey,
-    divides: impl FnOnce(u32) -> bool,
-    spare_turn: impl FnOnce(u32) -> u32,
-) -> Plan {
-    let n = roster
-        .peers
-        .map_or(roster.expected, |p| p.len() as u32)
-        .max(1);
-    if n == 1 || policy == FallbackPolicy::Full {
-        return Plan::Alone;
-    }
-    // Others it read may not have read it: they divide the host among
-    // themselves without it, so it leaves them the host (of replicas
-    // started together, each sees those that registered before it, and
-    // the first is seen by all).
-    if roster.unread && roster.peers.is_some() {
-        return Plan::Defer;
-    }
-    // Without a registry, a turn drawn from this replica's id: replicas
-    // that never saw one spread over the turns instead of sharing one.
-    let index = roster
-        .peers
-        .and_then(|p| p.iter().position(|id| id == roster.me))
-        .map_or_else(|| spare_turn(n), |i| i as u32);
-    if policy == FallbackPolicy::Share && divides(n) {
-        return Plan::Share { n, index };
-    }
-    match roster.peers {
-        // By key: every host of a key is served by the same replica.
-        Some(peers) if owner(peers, key) != Some(roster.me) => Plan::Defer,
-        Some(_) => Plan::Own,
-        // Nobody known to partition with: divide as well as possible.
-        None => Plan::Share { n, index },
-    }
-}
-
 /// Every [`HEARTBEAT`]: renews this replica's entry and reads the others',
 /// and confirms the scope's configuration record, which puts it back
 /// within a heartbeat when Redis lost it (see `agreement.rs`).
@@ -531,23 +473,6 @@ async fn heartbeat(
         // Every HEARTBEAT from the last beat's start, not after its calls.
         tick.tick().await;
     }
-}
-
-/// The replica that serves `host` during an outage: the highest score of
-/// SHA-256 over (replica, host), so every replica that saw the same
-/// registry picks the same one, and a replica leaving moves only its hosts.
-fn owner<'a>(peers: &'a [String], host: &HostKey) -> Option<&'a str> {
-    peers
-        .iter()
-        .max_by_key(|id| {
-            let mut digest = Sha256::new();
-            digest.update((id.len() as u64).to_be_bytes());
-            digest.update(id.as_bytes());
-            digest.update(host.as_str().as_bytes());
-            let d = digest.finalize();
-            u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
-        })
-        .map(String::as_str)
 }
 
 /// The outage plan a `FallbackLimiter` asks: this replica's registry and
@@ -596,6 +521,7 @@ impl OutagePlan for RegistryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::roster::owner;
 
     #[test]
     fn every_replica_picks_the_same_owner_and_a_leaver_moves_only_its_hosts() {
