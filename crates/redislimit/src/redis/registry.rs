@@ -46,11 +46,13 @@ const ENTRY_TTL: Duration = Duration::from_millis(1500);
 pub(super) const ALONE_AFTER: Duration = ENTRY_TTL
     .saturating_add(HEARTBEAT)
     .saturating_add(HEARTBEAT);
-/// How long Redis must have answered a replica's renewals before every
-/// other replica is known to have read its entry: a heartbeat of theirs,
-/// and half of one more for one that runs late. In heartbeats: known from
-/// its third on. Until then it is young (see `Registry::young` and
-/// `Registry::unread`).
+/// How long Redis must have answered a replica's renewals before the
+/// roster it read is taken to name the replicas started beside it, which
+/// read its entry as they registered: a heartbeat, and half of one more
+/// for one that runs late. In heartbeats: from its third on. Until then
+/// it is young (see `Registry::young`). Whether the replicas registered
+/// before it have read it is not assumed from time: their renewals say
+/// (see `Registry::unread`).
 const KNOWN_AFTER: Duration = Duration::from_millis(HEARTBEAT.as_millis() as u64 * 3 / 2);
 /// How long a lapsed entry is kept, and its replica's share kept free,
 /// under a `lease_ttl`: a replica cut off alone for longer than this is
@@ -87,7 +89,8 @@ pub(super) struct Registry {
     renewed: Mutex<Option<Instant>>,
     /// When the renewals Redis answered without a break long enough for
     /// the others to forget this replica began, and when the last of them
-    /// was sent: whether the others know of it (see [`KNOWN_AFTER`]).
+    /// was sent, and whether the others have read it (see
+    /// [`KNOWN_AFTER`] and [`Registry::unread`]).
     standing: Mutex<Option<Standing>>,
 }
 
@@ -100,6 +103,12 @@ struct Standing {
     since: Instant,
     last: Instant,
     elders: bool,
+    /// When the first renewal of the run ran in Redis (µs on its clock).
+    registered: u64,
+    /// Whether, at the last renewal answered, every other live replica had
+    /// renewed its entry after `registered`: each read this one's entry as
+    /// it did (register.lua reads after it writes), and counts it.
+    read: bool,
 }
 
 /// The other replicas whose entry lapsed.
@@ -174,13 +183,15 @@ impl Registry {
         standing.is_none_or(|s| s.last < s.since + KNOWN_AFTER)
     }
 
-    /// Whether replicas this one read may not have read it yet: it is
-    /// [`young`](Self::young), and replicas were live in the registry when
-    /// its run of renewals began. The first of replicas started together
-    /// is read by every later one as it registers: it is not unread.
+    /// Whether replicas this one read may not have read it yet: replicas
+    /// were live in the registry when its run of renewals began, and at
+    /// the last renewal answered one of them had not renewed (and read)
+    /// since. The first of replicas started together is read by every
+    /// later one as it registers: it is not unread. A replica whose
+    /// heartbeat runs late keeps the newcomer unread for as long.
     fn unread(&self) -> bool {
         let standing = *self.standing.lock().unwrap_or_else(PoisonError::into_inner);
-        standing.is_some_and(|s| s.elders && s.last < s.since + KNOWN_AFTER)
+        standing.is_some_and(|s| s.elders && !s.read)
     }
 
     /// From when this replica may send on its own without another, still
@@ -300,8 +311,7 @@ impl Registry {
         match answer {
             Ok(roll) => {
                 if renew {
-                    let elders = roll.live.iter().any(|id| *id != self.id);
-                    self.stand(sent, elders);
+                    self.stand(sent, &roll);
                 }
                 self.read(roll);
             }
@@ -309,13 +319,22 @@ impl Registry {
         }
     }
 
-    /// Notes that Redis answered a renewal sent at `sent`, with other live
-    /// replicas in the registry (`elders`) or not: the run of them goes on,
-    /// or starts again when the last one before is so old that the others
-    /// may have forgotten this replica since.
-    fn stand(&self, sent: Instant, elders: bool) {
+    /// Notes that Redis answered a renewal sent at `sent` with `roll`: the
+    /// run of them goes on, or starts again when the last one before is so
+    /// old that the others may have forgotten this replica since.
+    fn stand(&self, sent: Instant, roll: &Roll) {
+        let ttl = ENTRY_TTL.as_micros() as u64;
+        // When each live entry was last renewed.
+        let mut renewals = roll
+            .live
+            .iter()
+            .zip(&roll.expiries)
+            .map(|(id, expiry)| (id, expiry.saturating_sub(ttl)));
+        let Some(renewed) = renewals.clone().find(|(id, _)| **id == self.id) else {
+            return;
+        };
         let mut standing = self.standing.lock().unwrap_or_else(PoisonError::into_inner);
-        *standing = Some(match *standing {
+        let run = match *standing {
             Some(s) if sent.saturating_duration_since(s.last) <= self.keep => Standing {
                 last: sent.max(s.last),
                 ..s
@@ -323,13 +342,17 @@ impl Registry {
             _ => Standing {
                 since: sent,
                 last: sent,
-                elders,
+                elders: roll.live.iter().any(|id| *id != self.id),
+                registered: renewed.1,
+                read: false,
             },
-        });
+        };
+        let read = renewals.all(|(id, at)| *id == self.id || at > run.registered);
+        *standing = Some(Standing { read, ..run });
     }
 
     /// Takes in what the registry holds.
-    fn read(&self, Roll { live, lapsed }: Roll) {
+    fn read(&self, Roll { live, lapsed, .. }: Roll) {
         let others: Arc<[String]> = lapsed
             .iter()
             .filter(|id| **id != self.id)
@@ -626,6 +649,7 @@ mod tests {
             registry.read(Roll {
                 live: own(live),
                 lapsed: own(lapsed),
+                expiries: vec![0; live.len()],
             });
         };
         (limiter, read)
@@ -763,31 +787,95 @@ mod tests {
         );
     }
 
+    /// What register.lua answers `registry` renewing at `at` (µs on
+    /// Redis's clock): its own entry, and `others` last renewed when given.
+    fn roll_at(registry: &Registry, at: u64, others: &[(&str, u64)]) -> Roll {
+        let ttl = ENTRY_TTL.as_micros() as u64;
+        let entries = std::iter::once((registry.id.as_str(), at)).chain(others.iter().copied());
+        let (live, expiries) = entries.map(|(id, at)| (id.to_owned(), at + ttl)).unzip();
+        Roll {
+            live,
+            lapsed: Vec::new(),
+            expiries,
+        }
+    }
+
+    const S: u64 = 1_000_000;
+
     /// A replica is young until Redis has answered its renewals for
-    /// [`KNOWN_AFTER`] (its third heartbeat), and young again when it comes back after a break
-    /// long enough for the others to have forgotten it.
+    /// [`KNOWN_AFTER`] (its third heartbeat), and young again when it comes
+    /// back after a break long enough for the others to have forgotten it.
+    /// It is unread while a replica live when it registered has not
+    /// renewed (and read) since.
     #[tokio::test(start_paused = true)]
     async fn a_replica_is_known_once_its_renewals_were_answered_for_two_heartbeats() {
         let registry = Registry::new("p", "s", Duration::from_secs(4));
         assert!(registry.young());
         assert!(!registry.unread(), "it read no one");
         let start = Instant::now();
-        registry.stand(start, true);
+        let hb = HEARTBEAT.as_micros() as u64;
+        registry.stand(
+            start,
+            &roll_at(&registry, 10 * S, &[("elder", 10 * S - 100)]),
+        );
         assert!(registry.young() && registry.unread());
-        registry.stand(start + HEARTBEAT, false);
-        assert!(registry.young() && registry.unread());
-        registry.stand(start + 2 * HEARTBEAT, false);
+        // The elder renewed since: it read this one.
+        let beat = roll_at(&registry, 10 * S + hb, &[("elder", 10 * S + hb - 100)]);
+        registry.stand(start + HEARTBEAT, &beat);
+        assert!(registry.young() && !registry.unread());
+        registry.stand(
+            start + 2 * HEARTBEAT,
+            &roll_at(&registry, 10 * S + 2 * hb, &[]),
+        );
         assert!(!registry.young() && !registry.unread());
         // A break shorter than the others keep a lapsed entry: still known.
         let back = start + KNOWN_AFTER + registry.keep;
-        registry.stand(back, true);
-        assert!(!registry.young());
+        registry.stand(back, &roll_at(&registry, 20 * S, &[("elder", 19 * S)]));
+        assert!(!registry.young() && !registry.unread());
         // Longer: forgotten, young again until known again.
         let later = back + registry.keep + HEARTBEAT;
-        registry.stand(later, false);
+        registry.stand(later, &roll_at(&registry, 30 * S, &[]));
         assert!(registry.young());
         assert!(!registry.unread(), "no one was live before it");
-        registry.stand(later + KNOWN_AFTER, true);
+        registry.stand(
+            later + KNOWN_AFTER,
+            &roll_at(&registry, 31 * S, &[("new", 30 * S + 1)]),
+        );
         assert!(!registry.young());
+        // A renewal that is not its own answers nothing about it.
+        registry.stand(later + 2 * KNOWN_AFTER, &Roll::default());
+        assert!(!registry.young() && !registry.unread());
+    }
+
+    /// Regression: a replica took itself to be read by the replicas live
+    /// when it registered once its renewals had been answered for one and
+    /// a half heartbeats, assuming their heartbeats ran at most half a
+    /// heartbeat late; one that ran later (a busy process) had not counted
+    /// it, and in an outage the two planned from different rosters. Now it
+    /// is unread until every one of them has renewed since it registered,
+    /// however long that takes, or has lapsed.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_is_unread_until_every_elder_has_renewed_since_it_registered() {
+        let registry = Registry::new("p", "s", Duration::from_secs(4));
+        let start = Instant::now();
+        let hb = HEARTBEAT.as_micros() as u64;
+        let late = 10 * S - 100;
+        for beat in 0..6u32 {
+            let at = 10 * S + u64::from(beat) * hb;
+            let roll = roll_at(&registry, at, &[("prompt", at - 100), ("late", late)]);
+            registry.stand(start + HEARTBEAT * beat, &roll);
+            assert!(
+                registry.unread(),
+                "beat {beat}: the late one has not read it"
+            );
+        }
+        assert!(!registry.young(), "known by time alone");
+        // Lapsed (no longer live): it counts no one, and no one waits on it.
+        let at = 10 * S + 6 * hb;
+        registry.stand(
+            start + HEARTBEAT * 6,
+            &roll_at(&registry, at, &[("prompt", at - 100)]),
+        );
+        assert!(!registry.unread());
     }
 }

@@ -14,6 +14,9 @@ pub(crate) struct Roll {
     /// Replicas whose entry lapsed within the time asked for: each may be
     /// cut off from Redis, and sending on its own.
     pub(crate) lapsed: Vec<String>,
+    /// When each live entry expires (µs on Redis's clock), in the order of
+    /// `live`: its last renewal was that less its TTL.
+    pub(crate) expiries: Vec<u64>,
 }
 
 /// Runs register.lua on the scope's registry `key` for this replica's
@@ -26,10 +29,16 @@ pub(crate) async fn run(
     ttl_us: u64,
     keep_us: u64,
 ) -> Result<Roll, ScriptError> {
-    let (live, lapsed) = REGISTER
-        .run::<(Vec<String>, Vec<String>)>(redis, &[key], |cmd: &mut Cmd| {
+    let (live, lapsed, expiries) = REGISTER
+        .run::<(Vec<String>, Vec<String>, Vec<f64>)>(redis, &[key], |cmd: &mut Cmd| {
             cmd.arg(id).arg(ttl_us).arg(keep_us);
         })
         .await?;
-    Ok(Roll { live, lapsed })
+    // Scores Redis wrote from whole microseconds: exact as f64.
+    let expiries = expiries.into_iter().map(|e| e.max(0.0) as u64).collect();
+    Ok(Roll {
+        live,
+        lapsed,
+        expiries,
+    })
 }
