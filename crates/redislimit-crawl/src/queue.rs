@@ -21,7 +21,8 @@ pub enum Command {
         scope: String,
     },
     /// The policies every replica of a scope paces with, published in
-    /// Redis (`crawl policy push FILE --redis URL`).
+    /// Redis (`crawl policy push FILE --redis URL`, or `--redis-cluster`,
+    /// `--redis-sentinel` as the replicas name it).
     Policy {
         /// What to do with them.
         #[command(subcommand)]
@@ -42,9 +43,9 @@ pub enum PolicyCommand {
     Push {
         /// The policy file (TOML).
         file: PathBuf,
-        /// The replicas' Redis (`redis://` or `rediss://`).
-        #[arg(long, value_name = "URL")]
-        redis: String,
+        /// The replicas' Redis.
+        #[command(flatten)]
+        redis: RedisTarget,
         /// The replicas' `--scope`.
         #[arg(long, default_value = "domain")]
         scope: String,
@@ -64,13 +65,73 @@ pub enum PolicyCommand {
     /// setting written out, the version and `key_by` as comments): pushed
     /// again, it publishes the same policies.
     Show {
-        /// The replicas' Redis (`redis://` or `rediss://`).
-        #[arg(long, value_name = "URL")]
-        redis: String,
+        /// The replicas' Redis.
+        #[command(flatten)]
+        redis: RedisTarget,
         /// The replicas' `--scope`.
         #[arg(long, default_value = "domain")]
         scope: String,
     },
+}
+
+/// The Redis the replicas share, as their flags name it: one of
+/// `--redis`, `--redis-cluster` or `--redis-sentinel` (with
+/// `--redis-master`), and `--redis-ca`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RedisTarget {
+    /// The replicas' `--redis` (`redis://` or `rediss://`).
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with_all = ["redis_cluster", "redis_sentinel"],
+        required_unless_present_any = ["redis_cluster", "redis_sentinel"]
+    )]
+    pub redis: Option<String>,
+    /// The replicas' `--redis-cluster` nodes (repeatable).
+    #[arg(long, value_name = "URL", conflicts_with = "redis_sentinel")]
+    pub redis_cluster: Vec<String>,
+    /// The replicas' `--redis-sentinel` Sentinels (repeatable).
+    #[arg(long, value_name = "URL")]
+    pub redis_sentinel: Vec<String>,
+    /// The replicas' `--redis-master`.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "redis_sentinel",
+        default_value = "mymaster"
+    )]
+    pub redis_master: String,
+    /// The replicas' `--redis-ca`.
+    #[arg(long, value_name = "FILE")]
+    pub redis_ca: Option<PathBuf>,
+}
+
+#[cfg(feature = "redis")]
+impl RedisTarget {
+    /// These flags, as the replicas' command line takes them.
+    pub(crate) fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        let mut add = |flag: &str, value: &str| {
+            flags.push(format!("--{flag}"));
+            flags.push(value.to_owned());
+        };
+        if let Some(url) = &self.redis {
+            add("redis", url);
+        }
+        for url in &self.redis_cluster {
+            add("redis-cluster", url);
+        }
+        for url in &self.redis_sentinel {
+            add("redis-sentinel", url);
+        }
+        if !self.redis_sentinel.is_empty() {
+            add("redis-master", &self.redis_master);
+        }
+        if let Some(ca) = &self.redis_ca {
+            add("redis-ca", &ca.display().to_string());
+        }
+        flags
+    }
 }
 
 impl Command {

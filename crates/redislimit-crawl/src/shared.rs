@@ -186,13 +186,8 @@ pub(crate) async fn policy(action: crate::PolicyCommand) -> anyhow::Result<()> {
         ),
         PolicyCommand::Show { redis, scope } => (None, redis, scope, Vec::new()),
     };
-    let mut line = vec![
-        "crawl".to_owned(),
-        "--redis".to_owned(),
-        redis,
-        "--scope".to_owned(),
-        scope,
-    ];
+    let mut line = vec!["crawl".to_owned(), "--scope".to_owned(), scope];
+    line.extend(redis.flags());
     line.extend(flags);
     if let Some(file) = &file {
         line.push("--policy".to_owned());

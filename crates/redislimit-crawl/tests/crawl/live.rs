@@ -5,12 +5,12 @@
 //! started afterwards with the old flags takes the published policy
 //! instead of being refused. A file the replicas would refuse is refused
 //! by the push, and nothing is published. A published policy outlives a
-//! Redis restarted empty.
+//! Redis restarted empty, and is pushed and followed through a Cluster.
 
 use std::time::{Duration, Instant};
 
 use redislimit_tests::record::assert_serialized;
-use redislimit_tests::{RedisServer, Upstream};
+use redislimit_tests::{RedisCluster, RedisServer, Upstream};
 
 use crate::{MS, crawl_binary, exit, finish, spawn, spawn_all, tempdir, urls};
 
@@ -21,10 +21,17 @@ const NEW: Duration = Duration::from_millis(100);
 
 /// Runs `crawl policy push FILE` against `redis`: its exit code and stderr.
 fn push(redis: &str, file: &std::path::Path) -> (Option<i32>, String) {
+    push_to(&["--redis", redis], file)
+}
+
+/// Runs `crawl policy push FILE` against the Redis `target` names (the
+/// replicas' flags): its exit code and stderr.
+fn push_to(target: &[&str], file: &std::path::Path) -> (Option<i32>, String) {
     let out = std::process::Command::new(crawl_binary())
         .args(["policy", "push"])
         .arg(file)
-        .args(["--redis", redis, "--lease-ttl", LEASE_TTL])
+        .args(target)
+        .args(["--lease-ttl", LEASE_TTL])
         .output()
         .expect("run crawl policy push");
     let text = format!(
@@ -37,8 +44,15 @@ fn push(redis: &str, file: &std::path::Path) -> (Option<i32>, String) {
 
 /// Runs `crawl policy show` against `redis`: its exit code and stdout.
 fn show(redis: &str) -> (Option<i32>, String) {
+    show_at(&["--redis", redis])
+}
+
+/// Runs `crawl policy show` against the Redis `target` names: its exit
+/// code and stdout.
+fn show_at(target: &[&str]) -> (Option<i32>, String) {
     let out = std::process::Command::new(crawl_binary())
-        .args(["policy", "show", "--redis", redis])
+        .args(["policy", "show"])
+        .args(target)
         .output()
         .expect("run crawl policy show");
     let said = String::from_utf8_lossy(&out.stderr);
@@ -287,4 +301,54 @@ async fn a_published_policy_outlives_a_redis_restarted_empty() {
     // The published gap throughout: before the restart, across it, and
     // after, the late replica's sends included.
     assert_serialized(&seen, OLD - 5 * MS);
+}
+
+/// `crawl policy push` and `show` through a Redis Cluster, named as the
+/// replicas name it (`--redis-cluster`): two replicas on the Cluster whose
+/// flags say 100 ms follow the published 400 ms (judged at the upstream),
+/// and `show` prints it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_are_pushed_and_followed_through_a_cluster() {
+    let _turn = crate::one_at_a_time().await;
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let nodes = cluster.urls();
+    let mut target = Vec::new();
+    for url in &nodes {
+        target.extend(["--redis-cluster", url.as_str()]);
+    }
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        format!("[default]\nmin_delay = \"{}ms\"\n", OLD.as_millis()),
+    )
+    .unwrap();
+    let (code, said) = push_to(&target, &file);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("published version 1"), "{said}");
+
+    let list = urls(&upstream, &[HOST], 8, "/");
+    let flags = format!("{}ms", NEW.as_millis());
+    let mut args = target.clone();
+    args.extend(["--min-delay", &flags, "--lease-ttl", LEASE_TTL]);
+    let replicas = spawn_all(dir.path(), &upstream, &list, 2, &args);
+    let said = finish(replicas).await;
+    assert_eq!(said.len(), 8);
+    let seen = upstream.recorder().host(HOST);
+    assert_eq!(seen.len(), 8);
+    assert!(
+        seen.iter().any(|r| r.replica == 0) && seen.iter().any(|r| r.replica == 1),
+        "{seen:?}"
+    );
+    assert_serialized(&seen, OLD - 5 * MS);
+    let (code, shown) = show_at(&target);
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("# version 1 "), "{shown}");
+    assert!(
+        shown.contains(&format!("\"{}ms\"", OLD.as_millis())),
+        "{shown}"
+    );
 }
