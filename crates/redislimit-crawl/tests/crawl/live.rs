@@ -5,14 +5,15 @@
 //! started afterwards with the old flags takes the published policy
 //! instead of being refused. A file the replicas would refuse is refused
 //! by the push, and nothing is published. A published policy outlives a
-//! Redis restarted empty, and is pushed and followed through a Cluster.
+//! Redis restarted empty and a frozen one, and is pushed and followed
+//! through a Cluster.
 
 use std::time::{Duration, Instant};
 
-use redislimit_tests::record::assert_serialized;
+use redislimit_tests::record::{assert_serialized, max_in_flight, max_in_window};
 use redislimit_tests::{RedisCluster, RedisServer, Upstream};
 
-use crate::{MS, crawl_binary, exit, finish, spawn, spawn_all, tempdir, urls};
+use crate::{MS, SLACK, crawl_binary, exit, finish, spawn, spawn_all, tempdir, urls};
 
 const HOST: &str = "a.test";
 const LEASE_TTL: &str = "1s";
@@ -351,4 +352,60 @@ async fn policies_are_pushed_and_followed_through_a_cluster() {
         shown.contains(&format!("\"{}ms\"", OLD.as_millis())),
         "{shown}"
     );
+}
+
+/// Redis frozen under three replicas following a published policy slower
+/// than their flags: while they pace in-process, each at its share, they
+/// keep the published pace together, not the flags' (judged at the
+/// upstream: never more than one request per 200 ms over any second, nor
+/// more than the published cap in flight), and share it again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_policy_holds_through_a_frozen_redis() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let redis = server.url();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        "[default]\nmin_delay = \"200ms\"\ncluster_concurrency = 3\n",
+    )
+    .unwrap();
+    let (code, said) = push(&redis, &file);
+    assert_eq!(code, Some(0), "{said}");
+
+    let list = urls(&upstream, &[HOST], 45, "/slow?chunks=2&every=20");
+    let args = [
+        "--redis",
+        &redis,
+        "--min-delay",
+        "40ms",
+        "--cluster-concurrency",
+        "6",
+        "--lease-ttl",
+        LEASE_TTL,
+    ];
+    let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
+    // Every replica registered and read by the others.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let frozen = Instant::now();
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    server.resume();
+    let resumed = Instant::now();
+    finish(replicas).await;
+    let seen = upstream.recorder().host(HOST);
+    assert_eq!(seen.len(), 45);
+    let during = seen
+        .iter()
+        .filter(|r| r.send > frozen && r.send < resumed)
+        .count();
+    assert!(during >= 5, "only {during} requests while Redis was frozen");
+    let rate = max_in_window(&seen, Duration::from_secs(1) - 2 * SLACK);
+    assert!(
+        rate <= 5,
+        "{rate} requests in 1 s, more than one per 200 ms"
+    );
+    assert!(max_in_flight(&seen) <= 3, "{seen:?}");
 }
