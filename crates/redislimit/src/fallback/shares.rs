@@ -43,7 +43,21 @@ pub(super) struct Shares {
     epoch: Instant,
     /// The last cap on requests in flight each host stated, by key, and
     /// until when it holds.
-    stated: Mutex<HashMap<HostKey, (u32, Instant)>>,
+    stated: Mutex<Statements>,
+}
+
+/// The caps hosts stated, and the size at which those no longer kept are
+/// next dropped (twice what was left the last time, at least 64).
+#[derive(Debug, Default)]
+struct Statements {
+    caps: HashMap<HostKey, (u32, Instant)>,
+    prune_at: usize,
+}
+
+/// Whether a statement holding `until` is kept at `now`, the primary
+/// having last answered at `heard`: in force, or lapsed only since.
+fn kept(until: Instant, now: Instant, heard: Option<Instant>) -> bool {
+    until > now || heard.is_some_and(|heard| until > heard)
 }
 
 impl Default for Shares {
@@ -212,11 +226,14 @@ impl Shares {
     /// that lapsed before the primary last answered are forgotten as the
     /// statements grow.
     pub(super) fn state(&self, key: HostKey, cap: u32, until: Instant) {
-        let heard = self.heard();
+        let (heard, now) = (self.heard(), Instant::now());
         let mut stated = self.stated.lock().unwrap_or_else(PoisonError::into_inner);
-        stated.insert(key, (cap.max(1), until));
-        if stated.len() >= 64 && stated.len().is_power_of_two() {
-            stated.retain(|_, &mut (_, until)| heard.is_none_or(|heard| until > heard));
+        stated.caps.insert(key, (cap.max(1), until));
+        if stated.caps.len() >= stated.prune_at {
+            stated
+                .caps
+                .retain(|_, &mut (_, until)| kept(until, now, heard));
+            stated.prune_at = (stated.caps.len() * 2).max(64);
         }
     }
 
@@ -232,9 +249,9 @@ impl Shares {
             .stated
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .caps
             .get(key)?;
-        let kept = until > now || self.heard().is_some_and(|heard| until > heard);
-        kept.then_some((cap, until))
+        kept(until, now, self.heard()).then_some((cap, until))
     }
 
     fn with_grace(&self, f: impl FnOnce(&mut Grace)) {
@@ -352,5 +369,27 @@ mod tests {
         assert_eq!(shares.stated(&key, start), Some((1, past)), "at least 1");
         let other = HostKey::parse("http://b.test/").unwrap();
         assert_eq!(shares.stated(&other, start), None);
+    }
+
+    /// Statements no longer kept are dropped as others come, so that the
+    /// record of them stays about as large as what is kept.
+    #[tokio::test(start_paused = true)]
+    async fn statements_no_longer_kept_are_dropped() {
+        let shares = Shares::default();
+        let host = |i: usize| HostKey::parse(&format!("http://h{i}.test/")).unwrap();
+        let start = Instant::now();
+        for i in 0..63 {
+            shares.state(host(i), 1, start + Duration::from_secs(1));
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        shares.answered(Instant::now());
+        let live = Instant::now() + Duration::from_secs(60);
+        for i in 63..200 {
+            shares.state(host(i), 1, live);
+        }
+        let count = shares.stated.lock().unwrap().caps.len();
+        assert_eq!(count, 137, "the 63 lapsed before the answer are gone");
+        assert_eq!(shares.stated(&host(0), Instant::now()), None);
+        assert_eq!(shares.stated(&host(199), Instant::now()), Some((1, live)));
     }
 }

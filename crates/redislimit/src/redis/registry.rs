@@ -106,8 +106,9 @@ struct Standing {
     /// When the first renewal of the run ran in Redis (µs on its clock).
     registered: u64,
     /// Whether, at the last renewal answered, every other live replica had
-    /// renewed its entry after `registered`: each read this one's entry as
-    /// it did (register.lua reads after it writes), and counts it.
+    /// renewed its entry after `registered`: each renewal read this one's
+    /// entry (register.lua reads after it writes), so that replica counts
+    /// it once it took in the reply.
     read: bool,
 }
 
@@ -321,7 +322,9 @@ impl Registry {
 
     /// Notes that Redis answered a renewal sent at `sent` with `roll`: the
     /// run of them goes on, or starts again when the last one before is so
-    /// old that the others may have forgotten this replica since.
+    /// old that the others may have forgotten this replica since, or when
+    /// the renewal added its entry (Redis had lost it: the others' next
+    /// renewals may run before it, and not read it).
     fn stand(&self, sent: Instant, roll: &Roll) {
         let ttl = ENTRY_TTL.as_micros() as u64;
         // When each live entry was last renewed.
@@ -335,10 +338,12 @@ impl Registry {
         };
         let mut standing = self.standing.lock().unwrap_or_else(PoisonError::into_inner);
         let run = match *standing {
-            Some(s) if sent.saturating_duration_since(s.last) <= self.keep => Standing {
-                last: sent.max(s.last),
-                ..s
-            },
+            Some(s) if !roll.added && sent.saturating_duration_since(s.last) <= self.keep => {
+                Standing {
+                    last: sent.max(s.last),
+                    ..s
+                }
+            }
             _ => Standing {
                 since: sent,
                 last: sent,
@@ -650,6 +655,7 @@ mod tests {
                 live: own(live),
                 lapsed: own(lapsed),
                 expiries: vec![0; live.len()],
+                added: false,
             });
         };
         (limiter, read)
@@ -797,6 +803,7 @@ mod tests {
             live,
             lapsed: Vec::new(),
             expiries,
+            added: false,
         }
     }
 
@@ -845,6 +852,21 @@ mod tests {
         // A renewal that is not its own answers nothing about it.
         registry.stand(later + 2 * KNOWN_AFTER, &Roll::default());
         assert!(!registry.young() && !registry.unread());
+        // Redis lost its entry (restarted empty): added again, it is young
+        // and unread until the elder renews after that, however soon the
+        // elder renewed after it first registered.
+        let again = later + 2 * KNOWN_AFTER + HEARTBEAT;
+        let readded = Roll {
+            added: true,
+            ..roll_at(&registry, 40 * S, &[("new", 40 * S - 100)])
+        };
+        registry.stand(again, &readded);
+        assert!(registry.young() && registry.unread());
+        registry.stand(
+            again + HEARTBEAT,
+            &roll_at(&registry, 40 * S + hb, &[("new", 40 * S + 1)]),
+        );
+        assert!(!registry.unread());
     }
 
     /// Regression: a replica took itself to be read by the replicas live

@@ -17,6 +17,9 @@ pub(crate) struct Roll {
     /// When each live entry expires (µs on Redis's clock), in the order of
     /// `live`: its last renewal was that less its TTL.
     pub(crate) expiries: Vec<u64>,
+    /// Whether this renewal added the replica's entry (its first, or Redis
+    /// had lost it) rather than renewing it.
+    pub(crate) added: bool,
 }
 
 /// Runs register.lua on the scope's registry `key` for this replica's
@@ -29,8 +32,8 @@ pub(crate) async fn run(
     ttl_us: u64,
     keep_us: u64,
 ) -> Result<Roll, ScriptError> {
-    let (live, lapsed, expiries) = REGISTER
-        .run::<(Vec<String>, Vec<String>, Vec<f64>)>(redis, &[key], |cmd: &mut Cmd| {
+    let (live, lapsed, expiries, added) = REGISTER
+        .run::<(Vec<String>, Vec<String>, Vec<f64>, i64)>(redis, &[key], |cmd: &mut Cmd| {
             cmd.arg(id).arg(ttl_us).arg(keep_us);
         })
         .await?;
@@ -40,5 +43,6 @@ pub(crate) async fn run(
         live,
         lapsed,
         expiries,
+        added: added == 1,
     })
 }
