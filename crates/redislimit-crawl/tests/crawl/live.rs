@@ -64,6 +64,60 @@ fn show_at(target: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// Writes `text` as a policy file in `dir` and pushes it to the Redis
+/// `target` names; asserts it was published, and returns what the push
+/// said.
+fn publish(target: &[&str], dir: &std::path::Path, text: &str) -> String {
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, text).unwrap();
+    let (code, said) = push_to(target, &file);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("published version"), "{said}");
+    said
+}
+
+/// A replica's flags: `redis`, a gap of `gap`, leases of [`LEASE_TTL`].
+fn on_redis(redis: &str, gap: Duration) -> Vec<String> {
+    let gap = format!("{}ms", gap.as_millis());
+    [
+        "--redis",
+        redis,
+        "--min-delay",
+        &gap,
+        "--lease-ttl",
+        LEASE_TTL,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Waits for `late`, a replica started with flags other than the
+/// published policies, and asserts that it ended well, saying it paced
+/// with them.
+async fn took_the_published_policies(late: crate::Replica) {
+    let (code, said) = exit(late).await;
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("policies were published to the scope"),
+        "{said}"
+    );
+}
+
+/// A policy file whose default is a gap of `gap`.
+fn gap_of(gap: Duration) -> String {
+    format!("[default]\nmin_delay = \"{}ms\"\n", gap.as_millis())
+}
+
+/// Asserts that `crawl policy show` against the Redis `target` names
+/// prints version `version` with a gap of `gap`.
+fn assert_shows(target: &[&str], version: u64, gap: Duration) {
+    let (code, shown) = show_at(target);
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains(&format!("# version {version} ")), "{shown}");
+    let gap = format!("\"{}ms\"", gap.as_millis());
+    assert!(shown.contains(&gap), "{shown}");
+}
+
 /// `crawl policy show` prints the published policies as a policy file
 /// which, pushed again, publishes the same policies: every setting of the
 /// default and of each rule is written out (a rule switching the default's
@@ -174,39 +228,20 @@ async fn a_policy_pushed_mid_crawl_reaches_every_replica_within_a_lease_ttl() {
     assert!(said.contains("not a host!"), "{said}");
 
     let list = urls(&upstream, &[HOST], 36, "/");
-    let old = format!("{}ms", OLD.as_millis());
-    let args = [
-        "--redis",
-        &redis,
-        "--min-delay",
-        &old,
-        "--lease-ttl",
-        LEASE_TTL,
-    ];
+    let args = on_redis(&redis, OLD);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
-    let file = dir.path().join("policy.toml");
-    std::fs::write(
-        &file,
-        format!("[default]\nmin_delay = \"{}ms\"\n", NEW.as_millis()),
-    )
-    .unwrap();
-    let (code, said) = push(&redis, &file);
+    let said = publish(&["--redis", &redis], dir.path(), &gap_of(NEW));
     let pushed = Instant::now();
-    assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("published version 1"), "{said}");
 
     // A replica started now with the old flags follows the published policy.
     let late_urls = urls(&upstream, &["b.test"], 3, "/");
     let late = spawn(dir.path(), 3, &upstream, &late_urls, &args);
     finish(replicas).await;
-    let (code, said) = exit(late).await;
-    assert_eq!(code, Some(0), "{said}");
-    assert!(
-        said.contains("policies were published to the scope"),
-        "{said}"
-    );
+    took_the_published_policies(late).await;
 
     let seen = upstream.recorder().host(HOST);
     assert_eq!(seen.len(), 36);
@@ -253,25 +288,11 @@ async fn a_published_policy_outlives_a_redis_restarted_empty() {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let redis = server.url();
-    let file = dir.path().join("policy.toml");
-    std::fs::write(
-        &file,
-        format!("[default]\nmin_delay = \"{}ms\"\n", OLD.as_millis()),
-    )
-    .unwrap();
-    let (code, said) = push(&redis, &file);
-    assert_eq!(code, Some(0), "{said}");
+    publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
 
     let list = urls(&upstream, &[HOST], 24, "/");
-    let flags = format!("{}ms", NEW.as_millis());
-    let args = [
-        "--redis",
-        &redis,
-        "--min-delay",
-        &flags,
-        "--lease-ttl",
-        LEASE_TTL,
-    ];
+    let args = on_redis(&redis, NEW);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let replicas = spawn_all(dir.path(), &upstream, &list, 3, &args);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     server.restart();
@@ -280,19 +301,9 @@ async fn a_published_policy_outlives_a_redis_restarted_empty() {
     let late_urls = urls(&upstream, &[HOST], 3, "/late");
     let late = spawn(dir.path(), 3, &upstream, &late_urls, &args);
     finish(replicas).await;
-    let (code, said) = exit(late).await;
-    assert_eq!(code, Some(0), "{said}");
-    assert!(
-        said.contains("policies were published to the scope"),
-        "{said}"
-    );
+    took_the_published_policies(late).await;
     // Put back in Redis, as published.
-    let (code, shown) = show(&redis);
-    assert_eq!(code, Some(0), "{shown}");
-    assert!(
-        shown.contains(&format!("\"{}ms\"", OLD.as_millis())),
-        "{shown}"
-    );
+    assert_shows(&["--redis", &redis], 1, OLD);
     let seen = upstream.recorder().host(HOST);
     assert_eq!(seen.len(), 27);
     assert!(
@@ -321,14 +332,7 @@ async fn policies_are_pushed_and_followed_through_a_cluster() {
     for url in &nodes {
         target.extend(["--redis-cluster", url.as_str()]);
     }
-    let file = dir.path().join("policy.toml");
-    std::fs::write(
-        &file,
-        format!("[default]\nmin_delay = \"{}ms\"\n", OLD.as_millis()),
-    )
-    .unwrap();
-    let (code, said) = push_to(&target, &file);
-    assert_eq!(code, Some(0), "{said}");
+    let said = publish(&target, dir.path(), &gap_of(OLD));
     assert!(said.contains("published version 1"), "{said}");
 
     let list = urls(&upstream, &[HOST], 8, "/");
@@ -345,13 +349,7 @@ async fn policies_are_pushed_and_followed_through_a_cluster() {
         "{seen:?}"
     );
     assert_serialized(&seen, OLD - 5 * MS);
-    let (code, shown) = show_at(&target);
-    assert_eq!(code, Some(0), "{shown}");
-    assert!(shown.contains("# version 1 "), "{shown}");
-    assert!(
-        shown.contains(&format!("\"{}ms\"", OLD.as_millis())),
-        "{shown}"
-    );
+    assert_shows(&target, 1, OLD);
 }
 
 /// Redis frozen under three replicas following a published policy slower
@@ -366,14 +364,8 @@ async fn a_published_policy_holds_through_a_frozen_redis() {
     let upstream = Upstream::start().await;
     let dir = tempdir();
     let redis = server.url();
-    let file = dir.path().join("policy.toml");
-    std::fs::write(
-        &file,
-        "[default]\nmin_delay = \"200ms\"\ncluster_concurrency = 3\n",
-    )
-    .unwrap();
-    let (code, said) = push(&redis, &file);
-    assert_eq!(code, Some(0), "{said}");
+    let policy = "[default]\nmin_delay = \"200ms\"\ncluster_concurrency = 3\n";
+    publish(&["--redis", &redis], dir.path(), policy);
 
     let list = urls(&upstream, &[HOST], 45, "/slow?chunks=2&every=20");
     let args = [
