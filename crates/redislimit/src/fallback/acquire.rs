@@ -470,9 +470,7 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             if let Some(left) = turn_left(gap, n, index, wall_clock(), late) {
                 // A cap stated while this request waited for its turn, of
                 // which this replica's part is none: not sent.
-                if let Some((cap, _)) = self.stated_cap(&key)
-                    && stated_share(cap, n, index) == 0
-                {
+                if self.no_part(&key, (n, index)).is_some() {
                     permit.abandon();
                     return Ok(None);
                 }
