@@ -11,7 +11,10 @@
 //! `--min-delay` (lease mode, cap 2): a `429` is a send too close to the
 //! one before it. The admissions the replicas handed back for reaching
 //! them late, the Redis calls per request (from `INFO commandstats`) and
-//! when the first request arrived are reported beside it.
+//! when the first request arrived are reported beside it, and where the
+//! CPU went: the replicas' a request in each fleet, redis-server's a
+//! request, and how many calls redis-server took in at each read of a
+//! client's socket (how far the calls came pipelined).
 //!
 //! Each host has an address of its own on `127.0.0.0/8` (see [`address`]).
 //!
@@ -77,6 +80,43 @@ struct Run {
     first_ms: u64,
     first_second: usize,
     failed: usize,
+    /// The replicas' CPU time (user and system) a request, in µs.
+    replica_cpu_us: f64,
+}
+
+/// CPU time (s) of this process's children that have been waited for,
+/// user and system together (`cutime` and `cstime` of `/proc/self/stat`,
+/// in the kernel's fixed 100 ticks a second); 0 where there is no `/proc`.
+fn children_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(13), ticks(14)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => 0.0,
+    }
+}
+
+/// What redis-server has done so far: its CPU time (s), and the reads
+/// from its clients' sockets it has processed.
+fn redis_work(redis: &RedisServer) -> (f64, f64) {
+    let field = |info: &str, name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let cpu = redis.command(&["INFO", "cpu"]);
+    let stats = redis.command(&["INFO", "stats"]);
+    (
+        field(&cpu, "used_cpu_user") + field(&cpu, "used_cpu_sys"),
+        field(&stats, "total_reads_processed"),
+    )
 }
 
 /// Runs the fleet through `nginx`, sharing pacing through `redis` when
@@ -101,6 +141,7 @@ async fn run(dir: &Path, nginx: &Nginx, redis: Option<&RedisServer>, tag: &str) 
         hands[(i + i / REPLICAS) % REPLICAS].push(url.as_str());
     }
     let logged_before = nginx.access_log(0).len();
+    let cpu_before = children_cpu_secs();
     let start_ms = epoch_ms();
     let start = Instant::now();
     let mut children = Vec::new();
@@ -146,6 +187,7 @@ async fn run(dir: &Path, nginx: &Nginx, redis: Option<&RedisServer>, tag: &str) 
             .sum::<u64>();
     }
     let elapsed = start.elapsed();
+    let replica_cpu = children_cpu_secs() - cpu_before;
     let log = nginx.access_log(logged_before + urls.len());
     let log = &log[logged_before.min(log.len())..];
     let first = log.iter().map(|l| l.at_ms).min().unwrap_or(u64::MAX);
@@ -156,6 +198,7 @@ async fn run(dir: &Path, nginx: &Nginx, redis: Option<&RedisServer>, tag: &str) 
         first_ms: first.saturating_sub(start_ms),
         first_second: log.iter().filter(|l| l.at_ms < start_ms + 1_000).count(),
         failed,
+        replica_cpu_us: replica_cpu * 1e6 / urls.len() as f64,
     }
 }
 
@@ -203,12 +246,16 @@ pub(crate) async fn run_figures() -> Vec<Figure> {
     });
     let redis = RedisServer::start();
     let (mut local, mut shared) = (Vec::new(), Vec::new());
-    let mut calls = Vec::new();
+    let (mut calls, mut redis_cpu, mut reads) = (Vec::new(), 0.0, 0.0);
     for run_ in 0..RUNS {
         local.push(run(dir.path(), &nginx, None, &format!("local{run_}")).await);
         let calls_before = redis_calls(&redis);
+        let work_before = redis_work(&redis);
         shared.push(run(dir.path(), &nginx, Some(&redis), &format!("redis{run_}")).await);
+        let work_after = redis_work(&redis);
         calls.push(redis_calls(&redis) - calls_before);
+        redis_cpu += work_after.0 - work_before.0;
+        reads += work_after.1 - work_before.1;
     }
     let fastest = |runs: &[Run]| {
         runs.iter()
@@ -217,6 +264,14 @@ pub(crate) async fn run_figures() -> Vec<Figure> {
     };
     let requests = (HOSTS * PER_HOST) as f64;
     let per_request = calls.iter().sum::<u64>() as f64 / (requests * RUNS as f64);
+    // Where the Redis fleet's extra CPU goes: each fleet's replicas, and
+    // redis-server, a request; and how many calls redis-server took in at
+    // each read of a socket (more than one: the calls came pipelined).
+    let mean_cpu =
+        |runs: &[Run]| runs.iter().map(|r| r.replica_cpu_us).sum::<f64>() / runs.len() as f64;
+    let (replica_cpu, local_cpu) = (mean_cpu(&shared), mean_cpu(&local));
+    let redis_cpu_us = redis_cpu * 1e6 / (requests * RUNS as f64);
+    let calls_per_read = calls.iter().sum::<u64>() as f64 / reads.max(1.0);
     let handed_back: u64 = shared.iter().map(|r| r.handed_back).sum();
     let refused: usize = shared.iter().map(|r| r.refused).sum();
     let first_ms = shared.iter().map(|r| r.first_ms).max().unwrap_or(u64::MAX);
@@ -245,10 +300,17 @@ pub(crate) async fn run_figures() -> Vec<Figure> {
             "first_request_ms": first_ms,
             "requests_in_first_second": first_second,
             "failed_replicas": failed,
+            "replica_cpu_us_per_request": replica_cpu,
+            "in_process_replica_cpu_us_per_request": local_cpu,
+            "redis_server_cpu_us_per_request": redis_cpu_us,
+            "redis_calls_per_socket_read": calls_per_read,
         }),
     );
     println!(
         "  fleet ({RUNS} runs each): {handed_back} handed back, {per_request:.2} Redis calls a request, {refused} refused by nginx, first request after {first_ms} ms at most ({first_second} in the first second at least), {failed} replicas failed"
+    );
+    println!(
+        "  CPU a request: replicas {replica_cpu:.0} µs through Redis, {local_cpu:.0} µs in-process; redis-server {redis_cpu_us:.0} µs, {calls_per_read:.1} calls a socket read"
     );
     let met = figure.ratio >= 0.8 && refused == 0 && first_ms < 1_000 && failed == 0;
     vec![figure.held_to(
