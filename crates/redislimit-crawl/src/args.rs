@@ -57,6 +57,9 @@ pub struct Args {
         long,
         value_name = "NAME",
         requires = "redis_sentinel",
+        // `requires` alone lets `--redis` or `--redis-cluster` through: clap
+        // counts a required flag that conflicts with a present one as met.
+        conflicts_with_all = ["redis", "redis_cluster"],
         default_value = "mymaster"
     )]
     pub redis_master: String,
@@ -538,6 +541,25 @@ mod tests {
             "http://a.test/",
         ]);
         assert!(err.contains("--expected-replicas"), "{err}");
+        // `--redis-master` names a Sentinel master: beside another Redis
+        // it is a mistake, not something to ignore.
+        for other in ["--redis", "--redis-cluster"] {
+            let argv = [
+                "crawl",
+                other,
+                "redis://127.0.0.1/",
+                "--redis-master",
+                "m",
+                "http://a.test/",
+            ];
+            let err = Args::try_parse_from(argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{argv:?}: {err}"
+            );
+            assert!(err.to_string().contains("--redis-master"), "{err}");
+        }
         // With Redis they are meaningful.
         let ok = Args::try_parse_from([
             "crawl",

@@ -98,6 +98,9 @@ pub struct RedisTarget {
         long,
         value_name = "NAME",
         requires = "redis_sentinel",
+        // `requires` alone lets `--redis` or `--redis-cluster` through: clap
+        // counts a required flag that conflicts with a present one as met.
+        conflicts_with_all = ["redis", "redis_cluster"],
         default_value = "mymaster"
     )]
     pub redis_master: String,
@@ -427,5 +430,43 @@ mod shared {
 
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::RedisTarget;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        redis: RedisTarget,
+    }
+
+    #[test]
+    fn a_sentinel_master_name_beside_another_redis_is_refused() {
+        for other in ["--redis", "--redis-cluster"] {
+            let argv = ["t", other, "redis://127.0.0.1/", "--redis-master", "m"];
+            let err = Flags::try_parse_from(argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{argv:?}: {err}"
+            );
+        }
+        let flags = Flags::try_parse_from([
+            "t",
+            "--redis-sentinel",
+            "redis://127.0.0.1:26379/",
+            "--redis-master",
+            "m",
+        ])
+        .unwrap();
+        assert_eq!(flags.redis.redis_master, "m");
+        // The default name does not count as given.
+        let flags = Flags::try_parse_from(["t", "--redis", "redis://127.0.0.1/"]).unwrap();
+        assert_eq!(flags.redis.redis.as_deref(), Some("redis://127.0.0.1/"));
     }
 }
