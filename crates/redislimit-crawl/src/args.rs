@@ -37,43 +37,16 @@ pub struct Args {
     /// and `#` comments are skipped, a bad line is reported and skipped.
     #[arg(long = "urls", value_name = "FILE")]
     pub urls_file: Option<PathBuf>,
-    /// Share pacing with other replicas through this Redis server
-    /// (`redis://host:port/`, or `rediss://host:port/` for TLS); without it,
-    /// pacing is in-process.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
-    pub redis: Option<String>,
-    /// Share pacing through a Redis Cluster, seeded from these nodes
-    /// (repeatable; `rediss://` for TLS).
-    #[arg(long, value_name = "URL", conflicts_with = "redis_sentinel")]
-    pub redis_cluster: Vec<String>,
-    /// Share pacing through the Redis master these Sentinels know as
-    /// `--redis-master` (repeatable; `rediss://` for TLS to the Sentinels
-    /// and the master, trusting the system's certificates: point
-    /// SSL_CERT_FILE at a CA of your own).
-    #[arg(long, value_name = "URL")]
-    pub redis_sentinel: Vec<String>,
-    /// With `--redis-sentinel`: the name the Sentinels know the master by.
-    #[arg(
-        long,
-        value_name = "NAME",
-        requires = "redis_sentinel",
-        // `requires` alone lets `--redis` or `--redis-cluster` through: clap
-        // counts a required flag that conflicts with a present one as met.
-        conflicts_with_all = ["redis", "redis_cluster"],
-        default_value = "mymaster"
-    )]
-    pub redis_master: String,
+    /// The Redis the replicas share pacing through (none: pacing is
+    /// in-process).
+    #[command(flatten)]
+    pub redis: RedisTarget,
     /// With Redis: how many replicas to assume when Redis is unavailable
     /// before this one has seen the others (it then paces at 1/N of each
     /// limit). With it, the crawl also starts while Redis is down, and
     /// joins Redis when it answers; without it, it refuses to start.
     #[arg(long, value_name = "N", requires = "shared", value_parser = clap::value_parser!(u32).range(1..))]
     pub expected_replicas: Option<u32>,
-    /// With a `rediss://` Redis: trust the CA certificates in FILE (PEM)
-    /// instead of the system's certificates, e.g. for a Redis whose
-    /// certificate your own CA issued.
-    #[arg(long, value_name = "FILE", requires = "shared")]
-    pub redis_ca: Option<PathBuf>,
     /// With Redis: the key space this crawl paces in; replicas sharing a
     /// scope share a pace.
     #[arg(long, requires = "shared", default_value = "domain")]
@@ -428,14 +401,88 @@ impl Args {
             _ => (default, policies),
         })
     }
+}
+
+/// The Redis replicas share pacing through, as their flags name it: one of
+/// `--redis`, `--redis-cluster` or `--redis-sentinel` (with
+/// `--redis-master`), and `--redis-ca`. The main command and `crawl policy`
+/// take the same flags (a command that flattens it defines the group
+/// `shared` over the first three).
+#[derive(Debug, Clone, Default, clap::Args)]
+#[group(skip)]
+pub struct RedisTarget {
+    /// Share pacing with other replicas through this Redis server
+    /// (`redis://host:port/`, or `rediss://host:port/` for TLS); without
+    /// it (or `--redis-cluster`, `--redis-sentinel`), pacing is in-process.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
+    pub redis: Option<String>,
+    /// Share pacing through a Redis Cluster, seeded from these nodes
+    /// (repeatable; `rediss://` for TLS).
+    #[arg(long, value_name = "URL", conflicts_with = "redis_sentinel")]
+    pub redis_cluster: Vec<String>,
+    /// Share pacing through the Redis master these Sentinels know as
+    /// `--redis-master` (repeatable; `rediss://` for TLS to the Sentinels
+    /// and the master, trusting the system's certificates: point
+    /// SSL_CERT_FILE at a CA of your own).
+    #[arg(long, value_name = "URL")]
+    pub redis_sentinel: Vec<String>,
+    /// With `--redis-sentinel`: the name the Sentinels know the master by.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "redis_sentinel",
+        // `requires` alone lets `--redis` or `--redis-cluster` through: clap
+        // counts a required flag that conflicts with a present one as met.
+        conflicts_with_all = ["redis", "redis_cluster"],
+        default_value = "mymaster"
+    )]
+    pub redis_master: String,
+    /// With a `rediss://` Redis: trust the CA certificates in FILE (PEM)
+    /// instead of the system's certificates, e.g. for a Redis whose
+    /// certificate your own CA issued.
+    #[arg(long, value_name = "FILE", requires = "shared")]
+    pub redis_ca: Option<PathBuf>,
+}
+
+impl RedisTarget {
+    /// Whether a Redis is named at all.
+    pub fn is_named(&self) -> bool {
+        self.redis.is_some() || !self.redis_cluster.is_empty() || !self.redis_sentinel.is_empty()
+    }
 
     /// The CA that `--redis-ca` names, if any.
     #[cfg(feature = "tls")]
-    pub(crate) fn redis_tls(&self) -> anyhow::Result<Option<RedisTls>> {
+    pub(crate) fn tls(&self) -> anyhow::Result<Option<RedisTls>> {
         let Some(path) = &self.redis_ca else {
             return Ok(None);
         };
         Ok(Some(RedisTls::ca_file(path)?))
+    }
+
+    /// These flags, as the replicas' command line takes them.
+    #[cfg(feature = "redis")]
+    pub(crate) fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        let mut add = |flag: &str, value: &str| {
+            flags.push(format!("--{flag}"));
+            flags.push(value.to_owned());
+        };
+        if let Some(url) = &self.redis {
+            add("redis", url);
+        }
+        for url in &self.redis_cluster {
+            add("redis-cluster", url);
+        }
+        for url in &self.redis_sentinel {
+            add("redis-sentinel", url);
+        }
+        if !self.redis_sentinel.is_empty() {
+            add("redis-master", &self.redis_master);
+        }
+        if let Some(ca) = &self.redis_ca {
+            add("redis-ca", &ca.display().to_string());
+        }
+        flags
     }
 }
 
@@ -608,7 +655,7 @@ mod tests {
             "http://a.test/",
         ])
         .unwrap();
-        let err = args.redis_tls().unwrap_err().to_string();
+        let err = args.redis.tls().unwrap_err().to_string();
         assert!(err.contains("cannot read"), "{err}");
     }
 

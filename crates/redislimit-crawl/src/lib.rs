@@ -27,12 +27,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use self::args::{Args, Fallback, KeyByArg};
+pub use self::args::{Args, Fallback, KeyByArg, RedisTarget};
 pub use self::crawler::{Crawler, Fetched, ModeProbe, redact};
 pub use self::frontier::Frontier;
 pub use self::input::{Input, read_urls, read_urls_into, resume_from};
 pub use self::policy_file::{Settings, load as load_policy_file, parse_duration};
-pub use self::queue::{Command, PolicyCommand, RedisTarget};
+pub use self::queue::{Command, PolicyCommand};
 pub use self::run::{Ended, Pacer};
 pub use self::stop::{Stop, StopLevel};
 pub use self::summary::{HostSummary, Tally, summarize};

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::args::RedisTarget;
+
 /// A task other than crawling.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
@@ -30,6 +32,11 @@ pub enum Command {
     },
 }
 
+/// `--redis` as `crawl policy` describes it (the main command's words
+/// are about the crawl itself).
+const REDIS_HELP: &str =
+    "The replicas' Redis server (`redis://host:port/`, or `rediss://` for TLS)";
+
 /// `crawl policy ...`.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum PolicyCommand {
@@ -40,6 +47,8 @@ pub enum PolicyCommand {
     /// Settings FILE does not name take the crawl's defaults (not the
     /// replicas' flags). A file the replicas would refuse is refused here,
     /// and nothing is published. Prints the version published.
+    #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]).required(true))]
+    #[command(mut_arg("redis", |a| a.help(REDIS_HELP)))]
     Push {
         /// The policy file (TOML).
         file: PathBuf,
@@ -64,6 +73,8 @@ pub enum PolicyCommand {
     /// Print the policies published to the scope as a policy file (every
     /// setting written out, the version and `key_by` as comments): pushed
     /// again, it publishes the same policies.
+    #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]).required(true))]
+    #[command(mut_arg("redis", |a| a.help(REDIS_HELP)))]
     Show {
         /// The replicas' Redis.
         #[command(flatten)]
@@ -72,69 +83,6 @@ pub enum PolicyCommand {
         #[arg(long, default_value = "domain")]
         scope: String,
     },
-}
-
-/// The Redis the replicas share, as their flags name it: one of
-/// `--redis`, `--redis-cluster` or `--redis-sentinel` (with
-/// `--redis-master`), and `--redis-ca`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RedisTarget {
-    /// The replicas' `--redis` (`redis://` or `rediss://`).
-    #[arg(
-        long,
-        value_name = "URL",
-        conflicts_with_all = ["redis_cluster", "redis_sentinel"],
-        required_unless_present_any = ["redis_cluster", "redis_sentinel"]
-    )]
-    pub redis: Option<String>,
-    /// The replicas' `--redis-cluster` nodes (repeatable).
-    #[arg(long, value_name = "URL", conflicts_with = "redis_sentinel")]
-    pub redis_cluster: Vec<String>,
-    /// The replicas' `--redis-sentinel` Sentinels (repeatable).
-    #[arg(long, value_name = "URL")]
-    pub redis_sentinel: Vec<String>,
-    /// The replicas' `--redis-master`.
-    #[arg(
-        long,
-        value_name = "NAME",
-        requires = "redis_sentinel",
-        // `requires` alone lets `--redis` or `--redis-cluster` through: clap
-        // counts a required flag that conflicts with a present one as met.
-        conflicts_with_all = ["redis", "redis_cluster"],
-        default_value = "mymaster"
-    )]
-    pub redis_master: String,
-    /// The replicas' `--redis-ca`.
-    #[arg(long, value_name = "FILE")]
-    pub redis_ca: Option<PathBuf>,
-}
-
-#[cfg(feature = "redis")]
-impl RedisTarget {
-    /// These flags, as the replicas' command line takes them.
-    pub(crate) fn flags(&self) -> Vec<String> {
-        let mut flags = Vec::new();
-        let mut add = |flag: &str, value: &str| {
-            flags.push(format!("--{flag}"));
-            flags.push(value.to_owned());
-        };
-        if let Some(url) = &self.redis {
-            add("redis", url);
-        }
-        for url in &self.redis_cluster {
-            add("redis-cluster", url);
-        }
-        for url in &self.redis_sentinel {
-            add("redis-sentinel", url);
-        }
-        if !self.redis_sentinel.is_empty() {
-            add("redis-master", &self.redis_master);
-        }
-        if let Some(ca) = &self.redis_ca {
-            add("redis-ca", &ca.display().to_string());
-        }
-        flags
-    }
 }
 
 impl Command {
@@ -437,9 +385,10 @@ mod shared {
 mod tests {
     use clap::Parser;
 
-    use super::RedisTarget;
+    use crate::args::RedisTarget;
 
     #[derive(Debug, Parser)]
+    #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]))]
     struct Flags {
         #[command(flatten)]
         redis: RedisTarget,
@@ -465,6 +414,35 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(flags.redis.redis_master, "m");
+        // `crawl policy` needs a Redis, named as the replicas name theirs.
+        for argv in [
+            &["crawl", "policy", "show"][..],
+            &["crawl", "policy", "push", "p.toml", "--scope", "s"],
+        ] {
+            let err = crate::Args::try_parse_from(argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{argv:?}: {err}"
+            );
+        }
+        let args = crate::Args::try_parse_from([
+            "crawl",
+            "policy",
+            "show",
+            "--redis-cluster",
+            "redis://127.0.0.1:7000/",
+            "--redis-cluster",
+            "redis://127.0.0.1:7001/",
+        ])
+        .unwrap();
+        let Some(crate::Command::Policy {
+            action: crate::PolicyCommand::Show { redis, .. },
+        }) = args.command
+        else {
+            panic!("{args:?}");
+        };
+        assert_eq!(redis.redis_cluster.len(), 2);
         // The default name does not count as given.
         let flags = Flags::try_parse_from(["t", "--redis", "redis://127.0.0.1/"]).unwrap();
         assert_eq!(flags.redis.redis.as_deref(), Some("redis://127.0.0.1/"));

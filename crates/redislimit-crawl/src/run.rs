@@ -28,8 +28,7 @@ impl Args {
             Some(_) => Arc::new(redislimit::MetricsHooks::new()),
             _ => Arc::new(redislimit::hooks::NoHooks),
         };
-        if self.redis.is_some() || !self.redis_cluster.is_empty() || !self.redis_sentinel.is_empty()
-        {
+        if self.redis.is_named() {
             #[cfg(feature = "redis")]
             return self.shared_pacer(&default, policies, hooks).await;
             #[cfg(not(feature = "redis"))]

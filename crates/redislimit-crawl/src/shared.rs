@@ -10,7 +10,7 @@ use redislimit::error::Causes;
 use redislimit::hooks::NoHooks;
 use redislimit::{Hooks, Policies, RedisLimiter, RedisPool, RedisTimeouts, Tuning};
 
-use super::args::Args;
+use super::args::{Args, RedisTarget};
 use super::policy_file::Settings;
 use super::run::Pacer;
 
@@ -102,7 +102,7 @@ impl Args {
         policies: Policies,
         hooks: Arc<dyn Hooks>,
     ) -> anyhow::Result<RedisLimiter> {
-        let mut builder = RedisLimiter::builder(self.redis_pool()?, self.scope.clone());
+        let mut builder = RedisLimiter::builder(self.redis.pool()?, self.scope.clone());
         if let Some(n) = self.expected_replicas {
             builder = builder.expected_replicas(n);
         }
@@ -120,10 +120,12 @@ impl Args {
             .fallback_policy(self.fallback.into())
             .build()?)
     }
+}
 
+impl RedisTarget {
     /// The Redis pool the flags name (`--redis-ca` for TLS with a CA of
     /// your own, with the `tls` feature).
-    fn redis_pool(&self) -> anyhow::Result<RedisPool> {
+    fn pool(&self) -> anyhow::Result<RedisPool> {
         let timeouts = RedisTimeouts::default();
         let nodes: Vec<&str> = self.redis_cluster.iter().map(String::as_str).collect();
         if !self.redis_sentinel.is_empty() {
@@ -141,7 +143,7 @@ impl Args {
             )?);
         }
         #[cfg(feature = "tls")]
-        if let Some(tls) = self.redis_tls()? {
+        if let Some(tls) = self.tls()? {
             return Ok(match &self.redis {
                 Some(url) => RedisPool::standalone_tls(url, &tls, timeouts)?,
                 None => RedisPool::cluster_tls(&nodes, &tls, timeouts)?,
