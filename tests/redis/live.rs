@@ -374,6 +374,70 @@ async fn published_policies_outlive_a_redis_restarted_empty() {
     first.close(None).await.unwrap();
 }
 
+/// Redis restarted empty: the replica in use puts the scope's record back
+/// at its next heartbeat, naming version 1, and the policies of version 1
+/// with it. A replica started then, with flags of its own, follows them at
+/// its first acquire, well before the next look of the replica in use
+/// (every 10 s here), which is when the policies went back before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_as_the_record_comes_back_follows_the_policies_it_names() {
+    const LEASE_TTL: Duration = Duration::from_secs(40);
+    let server = RedisServer::start();
+    let replica = |min_delay| {
+        limiter(
+            standalone(&server.url()),
+            |p| p.min_delay(min_delay),
+            |b| b.lease_ttl(LEASE_TTL),
+        )
+    };
+    let first = replica(100 * MS).live();
+    drop(
+        bounded(5, first.acquire_host("test", host("a.test"), None))
+            .await
+            .unwrap(),
+    );
+    let publisher = replica(100 * MS);
+    bounded(5, publisher.publish_policies(&gap(30 * MS)))
+        .await
+        .unwrap();
+    assert_eq!(bounded(5, first.refresh()).await.unwrap(), 1);
+    let looked = Instant::now();
+    // In use under version 1.
+    drop(
+        bounded(5, first.acquire_host("test", host("a.test"), None))
+            .await
+            .unwrap(),
+    );
+
+    server.restart();
+    // The record, back from the heartbeat of the replica in use.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server
+        .query(&["KEYS", "*:config"])
+        .as_array()
+        .is_none_or(|keys| keys.is_empty())
+    {
+        assert!(Instant::now() < deadline, "the record was not put back");
+        tokio::time::sleep(20 * MS).await;
+    }
+    let late = replica(100 * MS).live();
+    let within = tokio::time::Instant::now() + Duration::from_secs(2);
+    let permit = bounded(5, late.acquire_host("test", host("b.test"), Some(within))).await;
+    assert!(permit.is_ok(), "{permit:?}");
+    assert_eq!(late.version(), 1);
+    assert_eq!(late.policies().default_pacing().min_delay(), 30 * MS);
+    // Before the next look of the replica in use: the policies came back
+    // with the record, not from that look.
+    assert!(
+        looked.elapsed() < LEASE_TTL / 4,
+        "too slow to tell: {:?}",
+        looked.elapsed()
+    );
+    drop(permit);
+    late.close(None).await.unwrap();
+    first.close(None).await.unwrap();
+}
+
 /// Waits (at most 10 s) until the scope's published policies are of
 /// `version`, and returns them.
 async fn wait_for_version(publisher: &RedisLimiter, version: u64) -> Policies {

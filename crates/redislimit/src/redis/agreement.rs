@@ -39,6 +39,7 @@ use tokio::time::Instant;
 
 use super::backend::{Backend, CallError};
 use super::keys::RedisKeys;
+use super::published::PutBack;
 use super::scripts::agree::Reply;
 use super::settings::{Mode, QUOTA_BUCKETS, quota_buckets};
 use crate::pacing::after;
@@ -74,6 +75,11 @@ pub(super) struct Agreement {
     /// How the last call failed, and when it ended: a crowd that waited
     /// for it takes its answer rather than asking again one by one.
     failed: Mutex<Option<(Instant, Failed)>>,
+    /// The published policies this limiter paces with (a version above
+    /// 0), put back with the record: a replica started once the record is
+    /// back finds the policies it names, instead of being refused until
+    /// the next look of a live limiter in use puts them back.
+    published: Option<PutBack>,
 }
 
 /// How a call for the record failed.
@@ -159,6 +165,8 @@ impl Agreement {
             epoch: Instant::now(),
             asking: tokio::sync::Mutex::new(()),
             failed: Mutex::new(None),
+            published: (policy_version > 0)
+                .then(|| PutBack::new(prefix, scope, policy_version, policies.to_record())),
         }
     }
 
@@ -374,6 +382,14 @@ impl Agreement {
             Reply::Agreed { since, back } => {
                 if back {
                     tracing::warn!(scope = %self.scope, "the scope's configuration record was missing or held settings recorded after ours (Redis lost it: a restart, a failover, a flush); ours is back, and replicas started meanwhile with other settings are refused");
+                    // The policies it names go back with it (only over
+                    // none, or an older version put back): a replica
+                    // started now follows them rather than being refused.
+                    if let Some(published) = &self.published
+                        && let Err(err) = published.run(backend).await
+                    {
+                        tracing::debug!(error = %crate::error::Causes(&err), "putting the published policies back failed; a live limiter's next look tries again");
+                    }
                 }
                 if extend || back {
                     self.confirm(asked, since);

@@ -4,6 +4,7 @@
 
 use deadpool_redis::redis::{Value, cmd};
 
+use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::limiter::RedisLimiter;
 use crate::{ConfigError, Error, Op, Policies};
@@ -152,33 +153,63 @@ pub(super) fn named_version(record: &str) -> u64 {
 /// an older publication renumbered past it).
 pub(super) async fn put_back(redis: &RedisLimiter, version: u64) -> Result<bool, Error> {
     let settings = &redis.core.settings;
-    let key = RedisKeys::policy(&settings.prefix, &settings.scope);
-    let mut put = cmd("EVAL");
-    put.arg(PUT_BACK)
-        .arg(2)
-        .arg(&key)
-        .arg(RedisKeys::config(&settings.prefix, &settings.scope))
-        .arg(version)
-        .arg(redis.policies().to_record());
-    let wrote = redis
-        .core
-        .backend
-        .command::<u64>(&key, &put)
-        .await
-        .map_err(|e| e.into_error(Op::Policies))?;
-    match wrote {
-        1 => tracing::info!(
+    let back = PutBack::new(
+        &settings.prefix,
+        &settings.scope,
+        version,
+        redis.policies().to_record(),
+    );
+    back.run(&redis.core.backend).await
+}
+
+/// A limiter's published policies, as [`PUT_BACK`] puts them back: the
+/// scope's policy and configuration keys, the version and its text.
+#[derive(Debug)]
+pub(super) struct PutBack {
+    key: String,
+    config: String,
+    version: u64,
+    text: String,
+}
+
+impl PutBack {
+    pub(super) fn new(prefix: &str, scope: &str, version: u64, text: String) -> Self {
+        Self {
+            key: RedisKeys::policy(prefix, scope),
+            config: RedisKeys::config(prefix, scope),
             version,
-            "the scope had lost the policies in force: put them back"
-        ),
-        2 => tracing::warn!(
-            version,
-            "policies were published as an older version after the scope lost the version in \
-             force: renumbered past it, so that every replica follows them"
-        ),
-        _ => {}
+            text,
+        }
     }
-    Ok(wrote != 0)
+
+    /// Runs [`PUT_BACK`]; whether the scope's policies changed.
+    pub(super) async fn run(&self, backend: &Backend) -> Result<bool, Error> {
+        let mut put = cmd("EVAL");
+        put.arg(PUT_BACK)
+            .arg(2)
+            .arg(&self.key)
+            .arg(&self.config)
+            .arg(self.version)
+            .arg(&self.text);
+        let wrote = backend
+            .command::<u64>(&self.key, &put)
+            .await
+            .map_err(|e| e.into_error(Op::Policies))?;
+        let version = self.version;
+        match wrote {
+            1 => tracing::info!(
+                version,
+                "the scope had lost the policies in force: put them back"
+            ),
+            2 => tracing::warn!(
+                version,
+                "policies were published as an older version after the scope lost the version \
+                 in force: renumbered past it, so that every replica follows them"
+            ),
+            _ => {}
+        }
+        Ok(wrote != 0)
+    }
 }
 
 #[cfg(test)]
