@@ -315,6 +315,59 @@ async fn a_published_policy_outlives_a_redis_restarted_empty() {
     assert_serialized(&seen, OLD - 5 * MS);
 }
 
+/// Redis restarted empty under a replica following a published policy,
+/// with leases long enough that its next look for the policies is 10 s
+/// away: its heartbeat puts the scope's record back (naming version 1),
+/// and the policy with it. A replica started as soon as the record is
+/// back follows the policy (judged at the upstream) rather than exiting
+/// refused by the record, as it did when only that look put the policy
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_as_the_scope_comes_back_follows_the_published_policy() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let redis = server.url();
+    publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
+    let gap = format!("{}ms", NEW.as_millis());
+    let args = ["--redis", &redis, "--min-delay", &gap, "--lease-ttl", "40s"];
+    let first = spawn(
+        dir.path(),
+        0,
+        &upstream,
+        &urls(&upstream, &[HOST], 8, "/"),
+        &args,
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    server.restart();
+    let restarted = Instant::now();
+    while server
+        .query(&["KEYS", "*:config"])
+        .as_array()
+        .is_none_or(|k| k.is_empty())
+    {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(5),
+            "the record was not put back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let late_urls = urls(&upstream, &[HOST], 3, "/late");
+    let late = spawn(dir.path(), 1, &upstream, &late_urls, &args);
+    took_the_published_policies(late).await;
+    // The first replica's next look was still to come (every 10 s).
+    assert!(
+        restarted.elapsed() < Duration::from_secs(8),
+        "too slow to tell"
+    );
+    finish(vec![first]).await;
+    let seen = upstream.recorder().host(HOST);
+    assert_eq!(seen.len(), 11);
+    assert!(seen.iter().any(|r| r.replica == 1), "{seen:?}");
+    assert_serialized(&seen, OLD - 5 * MS);
+}
+
 /// `crawl policy push` and `show` through a Redis Cluster, named as the
 /// replicas name it (`--redis-cluster`): two replicas on the Cluster whose
 /// flags say 100 ms follow the published 400 ms (judged at the upstream),
