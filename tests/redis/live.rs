@@ -438,6 +438,41 @@ async fn a_replica_started_as_the_record_comes_back_follows_the_policies_it_name
     first.close(None).await.unwrap();
 }
 
+/// A live replica's start-up check (`LiveLimiter::check_config`), as its
+/// acquires: a record naming a version whose policies Redis lost (the key
+/// deleted here) is waited out until the replica in use puts them back,
+/// and the replica then paces with them; a plain limiter's check is
+/// refused by the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_check_waits_for_the_policies_the_record_names() {
+    let server = RedisServer::start();
+    let (first, _permit, _publisher) = in_use_then_published(&server, gap(30 * MS)).await;
+    assert_eq!(bounded(5, first.refresh()).await.unwrap(), 1);
+    // In use under version 1: the record names it.
+    drop(
+        bounded(5, first.acquire_host("test", host("b.test"), None))
+            .await
+            .unwrap(),
+    );
+    let key = server.query(&["KEYS", "*:policy"]).as_array().unwrap()[0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    server.command(&["DEL", key.as_str()]);
+    let late = replica(&server, 100 * MS).live();
+    let plain = bounded(5, late.redis().check_config()).await;
+    assert!(
+        matches!(plain, Err(Error::ConfigMismatch { .. })),
+        "{plain:?}"
+    );
+    let checked = bounded(5, late.check_config(None)).await;
+    assert!(checked.is_ok(), "{checked:?}");
+    assert_eq!(late.version(), 1);
+    assert_eq!(late.policies().default_pacing().min_delay(), 30 * MS);
+    late.close(None).await.unwrap();
+    first.close(None).await.unwrap();
+}
+
 /// Waits (at most 10 s) until the scope's published policies are of
 /// `version`, and returns them.
 async fn wait_for_version(publisher: &RedisLimiter, version: u64) -> Policies {

@@ -34,18 +34,23 @@ impl Args {
             // refuse to start beside replicas that pace it otherwise.
             Ok(()) => {
                 match live.refresh().await {
-                    Ok(0) => {}
-                    Ok(version) => tracing::info!(
-                        version,
-                        "policies were published to the scope: pacing with them, not with \
-                         --policy and the pacing flags"
-                    ),
+                    Ok(_) => {}
                     Err(err) if err.is_unavailable() && self.expected_replicas.is_some() => {
                         tracing::warn!(error = %Causes(&err), "cannot read the published policies yet");
                     }
                     Err(err) => return Err(err).context("cannot pace with the published policies"),
                 }
-                live.redis().check_config().await?;
+                // A record naming policies Redis lost is waited for (see
+                // `LiveLimiter::check_config`), and they are switched to.
+                live.check_config(None).await?;
+                let version = live.version();
+                if version > 0 {
+                    tracing::info!(
+                        version,
+                        "policies were published to the scope: pacing with them, not with \
+                         --policy and the pacing flags"
+                    );
+                }
             }
             Err(err) if err.is_unavailable() => match self.expected_replicas {
                 Some(n) => tracing::warn!(

@@ -368,6 +368,46 @@ async fn a_replica_started_as_the_scope_comes_back_follows_the_published_policy(
     assert_serialized(&seen, OLD - 5 * MS);
 }
 
+/// The published policy deleted from Redis under a replica following it
+/// (the scope's record still names it): a replica started then waits at
+/// start for the replica in use to put it back (at its next look, a
+/// second here), and follows it (judged at the upstream) rather than
+/// exiting refused by the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_while_the_policy_is_lost_waits_for_it() {
+    let _turn = crate::one_at_a_time().await;
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    let redis = server.url();
+    publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
+    let gap = format!("{}ms", NEW.as_millis());
+    let args = ["--redis", &redis, "--min-delay", &gap, "--lease-ttl", "4s"];
+    let first = spawn(
+        dir.path(),
+        0,
+        &upstream,
+        &urls(&upstream, &[HOST], 8, "/"),
+        &args,
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let key = server.query(&["KEYS", "*:policy"]);
+    let key = key
+        .as_array()
+        .and_then(|k| k.first()?.as_str())
+        .unwrap()
+        .to_owned();
+    server.command(&["DEL", &key]);
+    let late_urls = urls(&upstream, &[HOST], 3, "/late");
+    let late = spawn(dir.path(), 1, &upstream, &late_urls, &args);
+    took_the_published_policies(late).await;
+    finish(vec![first]).await;
+    let seen = upstream.recorder().host(HOST);
+    assert_eq!(seen.len(), 11);
+    assert!(seen.iter().any(|r| r.replica == 1), "{seen:?}");
+    assert_serialized(&seen, OLD - 5 * MS);
+}
+
 /// `crawl policy push` and `show` through a Redis Cluster, named as the
 /// replicas name it (`--redis-cluster`): two replicas on the Cluster whose
 /// flags say 100 ms follow the published 400 ms (judged at the upstream),

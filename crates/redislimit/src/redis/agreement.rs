@@ -401,9 +401,17 @@ impl Agreement {
             }
             Reply::Theirs(theirs) => {
                 self.unconfirm();
+                // Logged once while the record holds the same settings
+                // (a live limiter waiting for a put-back asks every few
+                // hundred milliseconds); the hooks hear of each.
+                let again = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_some_and(
+                    |(_, failed)| matches!(failed, Failed::Mismatch(before) if *before == theirs),
+                );
                 self.fail(Some(Failed::Mismatch(theirs.clone())));
                 let err = self.mismatch(theirs);
-                tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch");
+                if !again {
+                    tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch");
+                }
                 hooks.on_error(Op::Acquire, &err);
                 Err(err)
             }

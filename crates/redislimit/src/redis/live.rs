@@ -175,6 +175,31 @@ impl LiveLimiter {
         self.live.watch();
         self.live.refresh().await
     }
+
+    /// Checks now that the scope admits with the policies in force (see
+    /// [`RedisLimiter::check_config`]), as an acquire would: a record
+    /// naming a newer version is switched to first; one naming a version
+    /// that is not published (Redis lost the policies, and the replicas in
+    /// use put them back at their next look) is waited for, two looks at
+    /// most and within `deadline`. A program calls it at start, after
+    /// [`refresh`](Self::refresh), to refuse to start beside replicas that
+    /// pace the scope otherwise.
+    pub async fn check_config(&self, deadline: Option<Instant>) -> Result<(), Error> {
+        self.live.watch();
+        let mut unpublished = None;
+        loop {
+            let current = self.live.current();
+            let checked = current.redis.check_config().await;
+            match &checked {
+                Err(Error::ConfigMismatch { theirs, .. })
+                    if self
+                        .live
+                        .ask_again(theirs, current.version, &mut unpublished, deadline)
+                        .await => {}
+                _ => return checked,
+            }
+        }
+    }
 }
 
 impl Live {
@@ -219,6 +244,30 @@ impl Live {
         }
         tokio::time::sleep_until(retry).await;
         true
+    }
+
+    /// Whether to ask again after the scope's record, holding `theirs`,
+    /// refused the limiter of `version`: the record names another version,
+    /// which is switched to now; or a newer version than any published
+    /// (Redis lost the policies, and the replicas in use put theirs back,
+    /// with the record or at their next look), waited for a moment (see
+    /// [`wait_for_put_back`](Self::wait_for_put_back)).
+    async fn ask_again(
+        &self,
+        theirs: &str,
+        version: u64,
+        unpublished: &mut Option<Instant>,
+        deadline: Option<Instant>,
+    ) -> bool {
+        match self.refresh().await {
+            Ok(now) if now != version => true,
+            // Published, but not usable here: reported.
+            Err(err) if !err.is_unavailable() => false,
+            _ => {
+                named_version(theirs) > version
+                    && self.wait_for_put_back(unpublished, deadline).await
+            }
+        }
     }
 
     /// Starts the task that looks for new versions (once, in a runtime).
@@ -342,23 +391,10 @@ impl Limiter for LiveLimiter {
                     biased;
                     got = acquire => match got {
                         Err(Error::ConfigMismatch { ref theirs, .. }) => {
-                            let named = named_version(theirs);
-                            let again = match self.live.refresh().await {
-                                // The record names another version:
-                                // switched to it; ask again under it.
-                                Ok(version) if version != current.version => true,
-                                // Published, but not usable here: reported.
-                                Err(err) if !err.is_unavailable() => false,
-                                // A newer version than any published: Redis
-                                // lost the policies, and the replicas in use
-                                // put theirs back at their next look; asked
-                                // again meanwhile, for two looks at most (and
-                                // within the deadline).
-                                _ => {
-                                    named > current.version
-                                        && self.live.wait_for_put_back(&mut unpublished, deadline).await
-                                }
-                            };
+                            let again = self
+                                .live
+                                .ask_again(theirs, current.version, &mut unpublished, deadline)
+                                .await;
                             if !again {
                                 return got;
                             }
