@@ -373,6 +373,75 @@ async fn a_cap_stated_while_a_request_waits_for_its_turn_is_kept() {
     );
 }
 
+/// The same for each replica's first request of the outage, which takes
+/// its plan and then waits in its share for its turn: only the checks in
+/// the share stand between the statement and the send there (a request
+/// after the first is checked again by its caller). A cap of 1 among the
+/// three, stated while they wait, is the part of one replica only, and no
+/// other sends after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_stated_while_the_first_outage_requests_wait_for_their_turns_is_kept() {
+    let server = RedisServer::start();
+    let all = replicas(&server, Duration::from_secs(1), 6, FallbackPolicy::Share).await;
+    server.pause();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let sends: Vec<_> = all
+        .iter()
+        .map(|l| {
+            let l = Arc::clone(l);
+            tokio::spawn(async move {
+                match l.acquire_host("t", host("a.test"), Some(deadline)).await {
+                    // Held to the end: the host allows one in flight.
+                    Ok(permit) => Some((Instant::now(), permit)),
+                    Err(Error::WaitBudget { .. }) => None,
+                    Err(err) => panic!("the fallback failed: {err:?}"),
+                }
+            })
+        })
+        .collect();
+    let planned = Instant::now() + Duration::from_secs(10);
+    while !all.iter().all(|l| l.is_degraded()) {
+        assert!(Instant::now() < planned, "the replicas did not fall back");
+        tokio::time::sleep(5 * MS).await;
+    }
+    // Each waits for its turn (one every 3 s), none yet sent.
+    let stated = Instant::now();
+    let statements: Vec<_> = all
+        .iter()
+        .map(|l| {
+            let l = Arc::clone(l);
+            tokio::spawn(
+                async move { l.cap_host(host("a.test"), 1, Duration::from_secs(60)).await },
+            )
+        })
+        .collect();
+    for said in statements {
+        bounded(5, said).await.unwrap().unwrap();
+    }
+    let stated_by = Instant::now();
+    let mut sent = Vec::new();
+    for (replica, task) in sends.into_iter().enumerate() {
+        if let Some((at, permit)) = bounded(20, task).await.unwrap() {
+            sent.push((replica, at, permit));
+        }
+    }
+    server.resume();
+    let before = sent.iter().filter(|(_, at, _)| *at < stated).count();
+    let later: Vec<_> = sent
+        .iter()
+        .filter(|(_, at, _)| *at > stated_by)
+        .map(|(replica, at, _)| (replica, at.duration_since(stated)))
+        .collect();
+    assert!(
+        before <= 1,
+        "{before} replicas sent before the statement: too late to tell"
+    );
+    assert!(
+        later.len() <= 1,
+        "the host allows one request among three replicas; after it said so: {later:?}"
+    );
+}
+
 /// A replica whose part of a stated cap is none, taking turns for another
 /// host (its share is active), takes no turn for this one: it leaves it
 /// to the others, and keeps sending to the other host at its share.
