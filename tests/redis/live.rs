@@ -391,6 +391,8 @@ async fn a_replica_started_as_the_record_comes_back_follows_the_policies_it_name
         )
     };
     let first = replica(100 * MS).live();
+    // Before its first acquire, which starts its looks.
+    let looked = Instant::now();
     drop(
         bounded(5, first.acquire_host("test", host("a.test"), None))
             .await
@@ -401,7 +403,6 @@ async fn a_replica_started_as_the_record_comes_back_follows_the_policies_it_name
         .await
         .unwrap();
     assert_eq!(bounded(5, first.refresh()).await.unwrap(), 1);
-    let looked = Instant::now();
     // In use under version 1.
     drop(
         bounded(5, first.acquire_host("test", host("a.test"), None))

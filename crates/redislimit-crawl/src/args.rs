@@ -408,7 +408,7 @@ impl Args {
 /// `--redis-master`), and `--redis-ca`. The main command and `crawl policy`
 /// take the same flags (a command that flattens it defines the group
 /// `shared` over the first three).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 #[group(skip)]
 pub struct RedisTarget {
     /// Share pacing with other replicas through this Redis server

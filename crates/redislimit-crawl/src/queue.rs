@@ -32,10 +32,14 @@ pub enum Command {
     },
 }
 
-/// `--redis` as `crawl policy` describes it (the main command's words
-/// are about the crawl itself).
+/// `--redis`, `--redis-cluster` and `--redis-sentinel` as `crawl policy`
+/// describes them (the main command's words are about the crawl itself).
 const REDIS_HELP: &str =
     "The replicas' Redis server (`redis://host:port/`, or `rediss://` for TLS)";
+const CLUSTER_HELP: &str =
+    "The replicas' Redis Cluster, seeded from these nodes (repeatable; `rediss://` for TLS)";
+const SENTINEL_HELP: &str = "The Sentinels that know the replicas' Redis master as \
+    `--redis-master` (repeatable; `rediss://` for TLS)";
 
 /// `crawl policy ...`.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -49,6 +53,8 @@ pub enum PolicyCommand {
     /// and nothing is published. Prints the version published.
     #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]).required(true))]
     #[command(mut_arg("redis", |a| a.help(REDIS_HELP)))]
+    #[command(mut_arg("redis_cluster", |a| a.help(CLUSTER_HELP)))]
+    #[command(mut_arg("redis_sentinel", |a| a.help(SENTINEL_HELP)))]
     Push {
         /// The policy file (TOML).
         file: PathBuf,
@@ -75,6 +81,8 @@ pub enum PolicyCommand {
     /// again, it publishes the same policies.
     #[command(group = clap::ArgGroup::new("shared").args(["redis", "redis_cluster", "redis_sentinel"]).required(true))]
     #[command(mut_arg("redis", |a| a.help(REDIS_HELP)))]
+    #[command(mut_arg("redis_cluster", |a| a.help(CLUSTER_HELP)))]
+    #[command(mut_arg("redis_sentinel", |a| a.help(SENTINEL_HELP)))]
     Show {
         /// The replicas' Redis.
         #[command(flatten)]

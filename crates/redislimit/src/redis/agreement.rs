@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use super::backend::{Backend, CallError};
 use super::keys::RedisKeys;
-use super::published::PutBack;
+use super::published::{PutBack, named_version};
 use super::scripts::agree::Reply;
 use super::settings::{Mode, QUOTA_BUCKETS, quota_buckets};
 use crate::pacing::after;
@@ -380,22 +380,24 @@ impl Agreement {
         };
         match reply {
             Reply::Agreed { since, back } => {
-                if back {
-                    tracing::warn!(scope = %self.scope, "the scope's configuration record was missing or held settings recorded after ours (Redis lost it: a restart, a failover, a flush); ours is back, and replicas started meanwhile with other settings are refused");
-                    // The policies it names go back with it (only over
-                    // none, or an older version put back): a replica
-                    // started now follows them rather than being refused.
-                    if let Some(published) = &self.published
-                        && let Err(err) = published.run(backend).await
-                    {
-                        tracing::debug!(error = %crate::error::Causes(&err), "putting the published policies back failed; a live limiter's next look tries again");
-                    }
-                }
                 if extend || back {
                     self.confirm(asked, since);
                 } else {
                     // Left as it was: the acquires keep extending it.
                     self.still(since);
+                }
+                if back {
+                    tracing::warn!(scope = %self.scope, "the scope's configuration record was missing or held settings recorded after ours (Redis lost it: a restart, a failover, a flush); ours is back, and replicas started meanwhile with other settings are refused");
+                    // The policies it names go back with it (only over
+                    // none, or an older version put back), after the
+                    // confirmation (a caller that gives up meanwhile
+                    // loses only this): a replica started now follows
+                    // them rather than being refused.
+                    if let Some(published) = &self.published
+                        && let Err(err) = published.run(backend).await
+                    {
+                        tracing::debug!(error = %crate::error::Causes(&err), "putting the published policies back failed; a live limiter's next look tries again");
+                    }
                 }
                 Ok(())
             }
@@ -404,13 +406,24 @@ impl Agreement {
                 // Logged once while the record holds the same settings
                 // (a live limiter waiting for a put-back asks every few
                 // hundred milliseconds); the hooks hear of each.
-                let again = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_some_and(
-                    |(_, failed)| matches!(failed, Failed::Mismatch(before) if *before == theirs),
+                let again = matches!(
+                    &*self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+                    Some((_, Failed::Mismatch(before))) if *before == theirs
                 );
                 self.fail(Some(Failed::Mismatch(theirs.clone())));
+                // Newer published policies: a live limiter switches to them
+                // (its callers see no error); a plain one is refused, and
+                // its caller hears of it.
+                let newer = named_version(&theirs) > named_version(&self.settings);
                 let err = self.mismatch(theirs);
-                if !again {
-                    tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch");
+                match (again, newer) {
+                    (true, _) => {}
+                    (false, true) => {
+                        tracing::info!(error = %crate::error::Causes(&err), "the scope paces with a newer version of the published policies than this limiter")
+                    }
+                    (false, false) => {
+                        tracing::error!(error = %crate::error::Causes(&err), "configuration mismatch")
+                    }
                 }
                 hooks.on_error(Op::Acquire, &err);
                 Err(err)
