@@ -460,7 +460,7 @@ async fn a_published_policy_holds_through_a_frozen_redis() {
     let policy = "[default]\nmin_delay = \"100ms\"\ncluster_concurrency = 3\n";
     publish(&["--redis", &redis], dir.path(), policy);
 
-    let list = urls(&upstream, &[HOST], 40, "/slow?chunks=2&every=20");
+    let list = urls(&upstream, &[HOST], 50, "/slow?chunks=2&every=20");
     let args = [
         "--redis",
         &redis,
@@ -476,17 +476,38 @@ async fn a_published_policy_holds_through_a_frozen_redis() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let frozen = Instant::now();
     server.pause();
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    // Long enough for every replica to send on its own: each waits 2.5 s
+    // from the last renewal it sent, and a renewal sent as the circuit's
+    // probe (a second apart) during the freeze counts, as it may land
+    // (4.5 s left one replica 0.3 s, and the guard below 4 sends, once in
+    // about fifteen runs).
+    tokio::time::sleep(Duration::from_millis(6000)).await;
     server.resume();
     let resumed = Instant::now();
     finish(replicas).await;
     let seen = upstream.recorder().host(HOST);
-    assert_eq!(seen.len(), 40);
+    assert_eq!(seen.len(), 50);
     let during = seen
         .iter()
         .filter(|r| r.send > frozen && r.send < resumed)
         .count();
-    assert!(during >= 5, "only {during} requests while Redis was frozen");
+    // When each request left, from the freeze (ms), and which replica sent it.
+    let timeline: Vec<_> = seen
+        .iter()
+        .map(|r| {
+            let ms = if r.send >= frozen {
+                r.send.duration_since(frozen).as_millis() as i64
+            } else {
+                -(frozen.duration_since(r.send).as_millis() as i64)
+            };
+            (ms, r.replica)
+        })
+        .collect();
+    assert!(
+        during >= 5,
+        "only {during} requests while Redis was frozen ({} ms): {timeline:?}",
+        resumed.duration_since(frozen).as_millis()
+    );
     let rate = max_in_window(&seen, Duration::from_secs(1) - 2 * SLACK);
     assert!(
         rate <= 10,
