@@ -182,9 +182,9 @@ impl LiveLimiter {
     /// that is not published (Redis lost the policies, and the replicas in
     /// use put them back at their next look) is waited for, two looks at
     /// most: no wait ends past `deadline`, and each check and read of the
-    /// policies is a Redis call within the pool's timeouts. A program calls it at start, after
-    /// [`refresh`](Self::refresh), to refuse to start beside replicas that
-    /// pace the scope otherwise.
+    /// policies is a Redis call within the pool's timeouts. A program
+    /// calls it at start, after [`refresh`](Self::refresh), to refuse to
+    /// start beside replicas that pace the scope otherwise.
     pub async fn check_config(&self, deadline: Option<Instant>) -> Result<(), Error> {
         self.live.watch();
         let mut unpublished = None;
