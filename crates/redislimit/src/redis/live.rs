@@ -93,6 +93,8 @@ struct Live {
     watching: std::sync::atomic::AtomicBool,
     /// The last version refused here (reported once).
     refused: std::sync::atomic::AtomicU64,
+    /// The last version whose put-back was waited for (reported once).
+    awaited: std::sync::atomic::AtomicU64,
 }
 
 /// The limiter in force, and the version of its policies (0: its own).
@@ -139,6 +141,7 @@ impl LiveLimiter {
                 every,
                 watching: std::sync::atomic::AtomicBool::new(false),
                 refused: std::sync::atomic::AtomicU64::new(0),
+                awaited: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -233,11 +236,23 @@ impl Live {
     /// has passed; whether to ask again.
     async fn wait_for_put_back(
         &self,
+        named: u64,
         until: &mut Option<Instant>,
         deadline: Option<Instant>,
     ) -> bool {
+        use std::sync::atomic::Ordering;
         let now = Instant::now();
-        let until = *until.get_or_insert(now + self.every * 2);
+        let until = *until.get_or_insert_with(|| {
+            // Said once per version, not by every acquire that waits.
+            if self.awaited.swap(named, Ordering::Relaxed) != named {
+                tracing::info!(
+                    version = named,
+                    "the scope's configuration record names published policies Redis does not \
+                     hold: waiting for the replicas in use to put them back (two looks at most)"
+                );
+            }
+            now + self.every * 2
+        });
         let retry =
             now + (self.every / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
         if retry > until || deadline.is_some_and(|d| retry > d) {
@@ -265,8 +280,8 @@ impl Live {
             // Published, but not usable here: reported.
             Err(err) if !err.is_unavailable() => false,
             _ => {
-                named_version(theirs) > version
-                    && self.wait_for_put_back(unpublished, deadline).await
+                let named = named_version(theirs);
+                named > version && self.wait_for_put_back(named, unpublished, deadline).await
             }
         }
     }
