@@ -324,48 +324,23 @@ async fn a_published_policy_outlives_a_redis_restarted_empty() {
 /// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_started_as_the_scope_comes_back_follows_the_published_policy() {
-    let _turn = crate::one_at_a_time().await;
-    let server = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let dir = tempdir();
-    let redis = server.url();
-    publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
-    let gap = format!("{}ms", NEW.as_millis());
-    let args = ["--redis", &redis, "--min-delay", &gap, "--lease-ttl", "40s"];
-    let first = spawn(
-        dir.path(),
-        0,
-        &upstream,
-        &urls(&upstream, &[HOST], 8, "/"),
-        &args,
-    );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    server.restart();
-    let restarted = Instant::now();
-    while server
-        .query(&["KEYS", "*:config"])
-        .as_array()
-        .is_none_or(|k| k.is_empty())
-    {
-        assert!(
-            restarted.elapsed() < Duration::from_secs(5),
-            "the record was not put back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let late_urls = urls(&upstream, &[HOST], 3, "/late");
-    let late = spawn(dir.path(), 1, &upstream, &late_urls, &args);
-    took_the_published_policies(late).await;
-    // The first replica's next look was still to come (every 10 s).
-    assert!(
-        restarted.elapsed() < Duration::from_secs(8),
-        "too slow to tell"
-    );
-    finish(vec![first]).await;
-    let seen = upstream.recorder().host(HOST);
-    assert_eq!(seen.len(), 11);
-    assert!(seen.iter().any(|r| r.replica == 1), "{seen:?}");
-    assert_serialized(&seen, OLD - 5 * MS);
+    let restart = async |server: &RedisServer| {
+        server.restart();
+        let restarted = Instant::now();
+        while server
+            .query(&["KEYS", "*:config"])
+            .as_array()
+            .is_none_or(|k| k.is_empty())
+        {
+            assert!(
+                restarted.elapsed() < Duration::from_secs(5),
+                "the record was not put back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The first replica's next look still to come (every 10 s).
+    a_late_replica_follows_the_policy_after("40s", restart, Some(Duration::from_secs(8))).await;
 }
 
 /// The published policy deleted from Redis under a replica following it
@@ -375,6 +350,28 @@ async fn a_replica_started_as_the_scope_comes_back_follows_the_published_policy(
 /// exiting refused by the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_started_while_the_policy_is_lost_waits_for_it() {
+    let delete = async |server: &RedisServer| {
+        let key = server.query(&["KEYS", "*:policy"]);
+        let key = key
+            .as_array()
+            .and_then(|k| k.first()?.as_str())
+            .unwrap()
+            .to_owned();
+        server.command(&["DEL", &key]);
+    };
+    a_late_replica_follows_the_policy_after("4s", delete, None).await;
+}
+
+/// A replica on Redis with leases of `lease_ttl` follows a published gap
+/// slower than its flags; 1.2 s in, `lose` has Redis lose the policy, and
+/// a replica started once it returns (within `within` of its start, when
+/// given) must follow the policy too: exit 0 saying so, and the published
+/// gap throughout at the upstream.
+async fn a_late_replica_follows_the_policy_after(
+    lease_ttl: &str,
+    lose: impl AsyncFnOnce(&RedisServer),
+    within: Option<Duration>,
+) {
     let _turn = crate::one_at_a_time().await;
     let server = RedisServer::start();
     let upstream = Upstream::start().await;
@@ -382,7 +379,14 @@ async fn a_replica_started_while_the_policy_is_lost_waits_for_it() {
     let redis = server.url();
     publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
     let gap = format!("{}ms", NEW.as_millis());
-    let args = ["--redis", &redis, "--min-delay", &gap, "--lease-ttl", "4s"];
+    let args = [
+        "--redis",
+        &redis,
+        "--min-delay",
+        &gap,
+        "--lease-ttl",
+        lease_ttl,
+    ];
     let first = spawn(
         dir.path(),
         0,
@@ -391,16 +395,14 @@ async fn a_replica_started_while_the_policy_is_lost_waits_for_it() {
         &args,
     );
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let key = server.query(&["KEYS", "*:policy"]);
-    let key = key
-        .as_array()
-        .and_then(|k| k.first()?.as_str())
-        .unwrap()
-        .to_owned();
-    server.command(&["DEL", &key]);
+    let lost = Instant::now();
+    lose(&server).await;
     let late_urls = urls(&upstream, &[HOST], 3, "/late");
     let late = spawn(dir.path(), 1, &upstream, &late_urls, &args);
     took_the_published_policies(late).await;
+    if let Some(within) = within {
+        assert!(lost.elapsed() < within, "too slow to tell");
+    }
     finish(vec![first]).await;
     let seen = upstream.recorder().host(HOST);
     assert_eq!(seen.len(), 11);
