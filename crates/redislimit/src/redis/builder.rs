@@ -14,6 +14,7 @@ use super::limiter::RedisLimiter;
 use super::pool::RedisPool;
 use super::registry::Registry;
 use super::renew::Renewals;
+use super::roster::Turns;
 use super::settings::{Args, LINE_SLACK, Mode, Settings, quota_buckets};
 use super::tuning::Tuning;
 use crate::fallback::FallbackPolicy;
@@ -241,7 +242,7 @@ impl RedisLimiterBuilder {
                         .as_micros()
                         .min(u128::from(crate::MAX_MICROS)) as u64,
                     shun_n: 0,
-                    shun_turns: 0,
+                    shun_turns: Turns::default(),
                 }
             })
             .collect();

@@ -26,7 +26,7 @@ use super::agreement::Agreement;
 use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
-use super::roster::{Roster, plan_for};
+use super::roster::{Roster, Turns, plan_for};
 use super::scripts::register::Roll;
 use super::settings::{Args, Mode, Settings};
 use crate::HostKey;
@@ -137,8 +137,8 @@ pub(super) enum Lapse {
     Shun {
         /// How many replicas divide the host's limits.
         n: u32,
-        /// The lapsed replicas' turns, a bit each (turns past 63 unset).
-        turns: u64,
+        /// The lapsed replicas' turns.
+        turns: Turns,
         /// How many of the shares are the lapsed replicas'.
         count: u32,
     },
@@ -251,12 +251,11 @@ impl Registry {
                 Plan::Share { n, index } => {
                     let (turns, count) = match lapse {
                         Lapse::Shun { turns, count, .. } => (turns, count),
-                        _ => (0, 0),
+                        _ => (Turns::default(), 0),
                     };
-                    let bit = 1u64.checked_shl(index).unwrap_or(0);
                     lapse = Lapse::Shun {
                         n,
-                        turns: turns | bit,
+                        turns: turns.with(index),
                         count: count + 1,
                     };
                 }
@@ -445,7 +444,7 @@ pub(super) fn less_lapsed(args: &mut Args, base: &Args, weight: u32, lapse: Laps
     args.quota = base.quota;
     args.weight = weight;
     args.shun_n = 0;
-    args.shun_turns = 0;
+    args.shun_turns = Turns::default();
     let Lapse::Shun { n, turns, count } = lapse else {
         return;
     };
@@ -676,7 +675,7 @@ mod tests {
         let mut roster: Vec<&str> = vec!["b", "c", "d", &core.registry.id];
         roster.sort_unstable();
         let index = roster.iter().position(|id| *id == "d").unwrap();
-        assert_eq!(turns, 1 << index);
+        assert_eq!(turns, Turns::default().with(index as u32));
         let base = core.settings.args[0];
         let mut args = base;
         less_lapsed(&mut args, &base, 4, lapse());
@@ -694,6 +693,39 @@ mod tests {
         // This replica's own lapse is not kept free from itself.
         read(&["b"], &[&core.registry.id.clone()]);
         assert_eq!(lapse(), Lapse::None);
+    }
+
+    #[test]
+    fn turns_past_the_sixty_fourth_are_kept_free_too() {
+        let turns = [0, 63, 64, 200, 255, 256, 1000]
+            .into_iter()
+            .fold(Turns::default(), Turns::with);
+        assert_eq!(turns.iter().collect::<Vec<_>>(), [0, 63, 64, 200, 255]);
+        // A fleet of 100 sharing a host (a cap of 100), two lapsed with
+        // turns past the 64th: both are kept free, and their shares.
+        let (limiter, read) = registry_with(100, FallbackPolicy::Share);
+        let (core, a) = (&limiter.core, host_key("a.test"));
+        let peers: Vec<String> = (0..99).map(|i| format!("p{i:03}")).collect();
+        let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
+        let (live, lapsed) = peers.split_at(97);
+        read(live, lapsed);
+        let mut roster = peers.clone();
+        roster.push(&core.registry.id);
+        roster.sort_unstable();
+        let index = |id: &str| roster.iter().position(|r| *r == id).unwrap() as u32;
+        let want = lapsed.iter().map(|id| index(id)).collect::<Vec<_>>();
+        assert!(want.iter().all(|&i| i >= 64), "{want:?}");
+        let lapse = core.registry.lapse(&core.settings, &a);
+        let Lapse::Shun { n, turns, count } = lapse else {
+            panic!("{lapse:?}");
+        };
+        assert_eq!((n, count), (100, 2));
+        assert_eq!(turns.iter().collect::<Vec<_>>(), want);
+        let base = core.settings.args[0];
+        let mut args = base;
+        less_lapsed(&mut args, &base, 1, lapse);
+        assert_eq!(args.shun_turns.iter().collect::<Vec<_>>(), want);
+        assert_eq!(args.mode.in_flight(), 98, "two of 100 shares are theirs");
     }
 
     #[test]

@@ -7,6 +7,31 @@ use sha2::{Digest, Sha256};
 use crate::HostKey;
 use crate::fallback::{FallbackPolicy, Plan};
 
+/// The turns of the replicas cut off from Redis that share a host, by
+/// their indexes among those dividing it (up to [`Turns::MAX`]; a set of
+/// bits, so that a request's arguments stay `Copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Turns([u64; 4]);
+
+impl Turns {
+    /// Indexes from this one on are not kept (a fleet of more replicas
+    /// shares a host among that many at most in an outage's turns).
+    pub(super) const MAX: u32 = 256;
+
+    /// These turns and turn `index` (none at or past [`MAX`](Self::MAX)).
+    pub(super) fn with(mut self, index: u32) -> Self {
+        if index < Self::MAX {
+            self.0[(index / 64) as usize] |= 1 << (index % 64);
+        }
+        self
+    }
+
+    /// The turns' indexes, in order.
+    pub(super) fn iter(self) -> impl Iterator<Item = u32> {
+        (0..Self::MAX).filter(move |i| self.0[(i / 64) as usize] & (1 << (i % 64)) != 0)
+    }
+}
+
 /// What a replica knows of its peers when it plans a host's outage.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Roster<'a> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::keys::RedisKeys;
+use super::roster::Turns;
 use crate::fallback::FallbackPolicy;
 use crate::{HostKey, KeyBy, Policies};
 
@@ -78,9 +79,9 @@ pub(super) struct Args {
     /// from the registry and send on their own (0: none did; see
     /// `registry::Lapse`).
     pub(super) shun_n: u32,
-    /// The turns of those replicas among `shun_n`, a bit each: no admission
-    /// comes within `min_delay` (less a turn's tolerance) of one.
-    pub(super) shun_turns: u64,
+    /// The turns of those replicas among `shun_n`: no admission comes
+    /// within `min_delay` (less a turn's tolerance) of one.
+    pub(super) shun_turns: Turns,
 }
 
 impl Args {

@@ -71,7 +71,7 @@ pub(crate) async fn run(
                 // n, then their indexes.
                 cmd.arg(shun_tolerance_us(args.min_delay_us))
                     .arg(args.shun_n);
-                for index in (0..64).filter(|i| args.shun_turns & (1 << i) != 0) {
+                for index in args.shun_turns.iter() {
                     cmd.arg(index);
                 }
             }
