@@ -78,6 +78,11 @@ fn publish(target: &[&str], dir: &std::path::Path, text: &str) -> String {
 
 /// A replica's flags: `redis`, a gap of `gap`, leases of [`LEASE_TTL`].
 fn on_redis(redis: &str, gap: Duration) -> Vec<String> {
+    on_redis_with(redis, gap, LEASE_TTL)
+}
+
+/// A replica's flags: `redis`, a gap of `gap`, leases of `lease_ttl`.
+fn on_redis_with(redis: &str, gap: Duration, lease_ttl: &str) -> Vec<String> {
     let gap = format!("{}ms", gap.as_millis());
     [
         "--redis",
@@ -85,10 +90,20 @@ fn on_redis(redis: &str, gap: Duration) -> Vec<String> {
         "--min-delay",
         &gap,
         "--lease-ttl",
-        LEASE_TTL,
+        lease_ttl,
     ]
     .map(str::to_owned)
     .to_vec()
+}
+
+/// A Redis whose scope has a gap of [`OLD`] published, an upstream, and a
+/// directory for the replicas' files.
+async fn published_old_gap() -> (RedisServer, Upstream, tempfile::TempDir) {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let dir = tempdir();
+    publish(&["--redis", &server.url()], dir.path(), &gap_of(OLD));
+    (server, upstream, dir)
 }
 
 /// Waits for `late`, a replica started with flags other than the
@@ -284,11 +299,8 @@ async fn a_policy_pushed_mid_crawl_reaches_every_replica_within_a_lease_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_published_policy_outlives_a_redis_restarted_empty() {
     let _turn = crate::one_at_a_time().await;
-    let server = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let dir = tempdir();
+    let (server, upstream, dir) = published_old_gap().await;
     let redis = server.url();
-    publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
 
     let list = urls(&upstream, &[HOST], 15, "/");
     let args = on_redis(&redis, NEW);
@@ -373,20 +385,9 @@ async fn a_late_replica_follows_the_policy_after(
     within: Option<Duration>,
 ) {
     let _turn = crate::one_at_a_time().await;
-    let server = RedisServer::start();
-    let upstream = Upstream::start().await;
-    let dir = tempdir();
-    let redis = server.url();
-    publish(&["--redis", &redis], dir.path(), &gap_of(OLD));
-    let gap = format!("{}ms", NEW.as_millis());
-    let args = [
-        "--redis",
-        &redis,
-        "--min-delay",
-        &gap,
-        "--lease-ttl",
-        lease_ttl,
-    ];
+    let (server, upstream, dir) = published_old_gap().await;
+    let args = on_redis_with(&server.url(), NEW, lease_ttl);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let first = spawn(
         dir.path(),
         0,
