@@ -821,6 +821,51 @@ async fn one_replica_cut_off_alone_keeps_the_shared_limit() {
     assert!(max_in_flight(&seen) <= 6);
 }
 
+/// Regression: a replica started while another was cut off alone. The
+/// cut-off replica planned its outage from the roster it last read (three
+/// replicas: turns one in three), the others planned for it from the
+/// roster they read now, which named the newcomer (four: they kept one
+/// turn in four free), and three of its four turns fell among theirs.
+/// Now they plan for it from the replicas registered before its last
+/// renewal, which read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_while_another_is_cut_off_keeps_the_shared_limit() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.addr()).await;
+    let (url, cut) = (server.url(), proxy.url());
+    let gap = 150 * MS;
+    let mut all = replicas_at(&[&url, &url, &cut], gap, 6, FallbackPolicy::Share).await;
+    proxy.stall();
+    // Its entry lapses and the others read the lapse; then a fourth
+    // replica starts, and the others read it.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    all.extend(started(&[&url], gap, 6, FallbackPolicy::Share).await);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let seen = crawl(&all, &["a.test"], Duration::from_secs(5), 20 * MS).await;
+    proxy.resume();
+    let mut seen = seen.host("a.test");
+    seen.sort_by_key(|r| r.send);
+    assert!(
+        seen.iter().filter(|r| r.replica == 2).count() >= 4,
+        "the cut-off replica kept working: {seen:?}"
+    );
+    assert!(
+        seen.iter().filter(|r| r.replica == 3).count() >= 2,
+        "the newcomer kept working: {seen:?}"
+    );
+    // Turns may be taken up to a tenth of the gap late.
+    let closest = min_send_gap(&seen);
+    assert!(
+        closest >= gap * 8 / 10,
+        "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
+    );
+    let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
+    assert!(
+        peak <= rate_bound(gap),
+        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
+    );
+}
+
 /// Regression: with one replica cut off alone, the others kept the whole
 /// of a cap the host stated (less nothing for the cut-off replica's
 /// part of it, as they do for the configured cap), and the cut-off

@@ -191,3 +191,35 @@ async fn garbage_in_a_bucketed_quota_is_replaced_within_one_lease() {
     );
     drop(permit);
 }
+
+/// Garbage in the registry (its entries, or when each was added) is
+/// replaced at the next heartbeat, and the addition of a replica that left
+/// goes with its entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_the_registry_is_replaced_and_a_leaver_is_forgotten() {
+    let server = RedisServer::start();
+    let (replicas, joined) = redislimit_tests::keys::registry("test");
+    server.command(&["SET", &replicas, "not a zset"]);
+    server.command(&["SET", &joined, "not a hash"]);
+    let make = || limiter(standalone(&server.url()), |p| p.min_delay(10 * MS), |b| b);
+    let (a, b) = (make(), make());
+    for l in [&a, &b] {
+        drop(
+            bounded(5, l.acquire_host("t", host("a.test"), None))
+                .await
+                .unwrap(),
+        );
+    }
+    let count = |what: &str, key: &str| server.command(&[what, key]).trim().to_owned();
+    // Two heartbeats each.
+    tokio::time::sleep(1100 * MS).await;
+    assert_eq!(count("TYPE", &replicas), "+zset");
+    assert_eq!(count("TYPE", &joined), "+hash");
+    assert_eq!(count("ZCARD", &replicas), ":2");
+    assert_eq!(count("HLEN", &joined), ":2");
+    bounded(5, b.close(None)).await.unwrap();
+    assert_eq!(count("ZCARD", &replicas), ":1");
+    tokio::time::sleep(1100 * MS).await;
+    assert_eq!(count("HLEN", &joined), ":1");
+    drop(a);
+}

@@ -60,6 +60,15 @@ pub fn shared(scope: &str, kind: &str, name: &str) -> (String, String) {
     (base.clone(), format!("{base}:claim"))
 }
 
+/// The registry of the replicas of `scope` under the default prefix (a
+/// ZSET of replica id to expiry), and beside it when each entry was added
+/// (a HASH).
+pub fn registry(scope: &str) -> (String, String) {
+    let prefix = "redislimit";
+    let replicas = format!("{prefix}:{scope}:{{{}}}:replicas", tag(&[prefix, scope]));
+    (replicas.clone(), format!("{replicas}:joined"))
+}
+
 /// The stream of the `SharedQueue` `name` of `scope` under the default
 /// prefix.
 pub fn queue(scope: &str, name: &str) -> String {

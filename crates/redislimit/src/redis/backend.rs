@@ -336,18 +336,19 @@ impl Backend {
         self.observe(keys[0], reply)
     }
 
-    /// register.lua on the scope's registry `key`: renews `id`'s entry for
+    /// register.lua on the scope's registry `keys` (its entries, and when
+    /// each was added): renews `id`'s entry for
     /// `ttl_us` (0: reads only) and reads the live replicas and those
     /// lapsed within `keep_us`.
     pub(super) async fn register(
         &self,
-        key: &str,
+        keys: [&str; 2],
         id: &str,
         ttl_us: u64,
         keep_us: u64,
     ) -> Result<register::Roll, CallError> {
-        let roll = register::run(&self.redis, key, id, ttl_us, keep_us).await;
-        self.observe(key, roll)
+        let roll = register::run(&self.redis, keys, id, ttl_us, keep_us).await;
+        self.observe(keys[0], roll)
     }
 
     /// Removes `id`'s entry from the registry `key`: a replica that closes

@@ -78,6 +78,13 @@ impl RedisKeys {
         format!("{prefix}:{scope}:{{{}}}:replicas", tag(&[prefix, scope]))
     }
 
+    /// When each entry of the [`replicas`](Self::replicas) registry was
+    /// added (a HASH of replica id to µs on the server's clock), under its
+    /// hash tag.
+    pub(crate) fn joined(prefix: &str, scope: &str) -> String {
+        format!("{}:joined", Self::replicas(prefix, scope))
+    }
+
     /// The STRING holding the value `name` of kind `kind` shared by the
     /// replicas of `scope` (see `SharedCache`), and the STRING naming the
     /// replica fetching it: under one hash tag of their own, which the

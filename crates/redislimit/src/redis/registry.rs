@@ -26,7 +26,7 @@ use super::agreement::Agreement;
 use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
-use super::roster::{Roster, Turns, plan_for};
+use super::roster::{Absent, Roster, Turns, absent, plan_for};
 use super::scripts::register::Roll;
 use super::settings::{Args, Mode, Settings};
 use crate::HostKey;
@@ -68,6 +68,8 @@ fn lapse_kept(lease_ttl: Duration) -> Duration {
 #[derive(Debug)]
 pub(super) struct Registry {
     key: String,
+    /// When each entry of `key` was added (see register.lua).
+    joined: String,
     id: String,
     /// How long the registry keeps a lapsed entry (see [`lapse_kept`]).
     keep: Duration,
@@ -118,9 +120,9 @@ struct Lapsed {
     /// Those lapsed at either of the last two heartbeats Redis answered:
     /// a returning one keeps its share free until it has surely left its
     /// fallback.
-    kept: Arc<[String]>,
+    kept: Arc<[Absent]>,
     /// Those lapsed at the last.
-    last: Arc<[String]>,
+    last: Arc<[Absent]>,
 }
 
 /// What the replicas cut off from Redis ask of an admission to one host.
@@ -148,6 +150,7 @@ impl Registry {
     pub(super) fn new(prefix: &str, scope: &str, lease_ttl: Duration) -> Self {
         Self {
             key: RedisKeys::replicas(prefix, scope),
+            joined: RedisKeys::joined(prefix, scope),
             keep: lapse_kept(lease_ttl),
             id: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             beating: AtomicBool::new(false),
@@ -211,7 +214,8 @@ impl Registry {
 
     /// What the replicas that lapsed ask of an admission to `host` under
     /// `settings`: the plan each makes for it on its own (from the roster
-    /// they all saw), added up.
+    /// it read at its last renewal), added up; the host left to them when
+    /// they read rosters of different sizes.
     pub(super) fn lapse(&self, settings: &Settings, host: &HostKey) -> Lapse {
         if !self.any_lapsed.load(Ordering::Relaxed) {
             return Lapse::None;
@@ -230,18 +234,18 @@ impl Registry {
         let cap = settings.args[policy].mode.in_flight();
         let key = settings.policies.key(host);
         let mut lapse = Lapse::None;
-        for id in lapsed.iter() {
+        for absent in lapsed.iter() {
             // Kept from the heartbeat before, and gone from the registry
             // since (it left, or was forgotten): no turn to keep free.
-            if peers.binary_search(id).is_err() {
+            if peers.binary_search(&absent.id).is_err() {
                 continue;
             }
             // Whether it was unread, this replica cannot tell: it plans as
             // one the others know (an unread one defers: its share is kept
             // free for nothing).
             let roster = Roster {
-                peers: Some(&peers),
-                me: id,
+                peers: Some(&absent.roster),
+                me: &absent.id,
                 expected: settings.expected_replicas,
                 unread: false,
             };
@@ -250,6 +254,11 @@ impl Registry {
                 Plan::Own => return Lapse::Defer,
                 Plan::Share { n, index } => {
                     let (turns, count) = match lapse {
+                        // Lapsed replicas that read different rosters (one
+                        // was added between their last renewals) divide
+                        // the host differently: their turns do not fit one
+                        // count, so the host is left to them.
+                        Lapse::Shun { n: other, .. } if other != n => return Lapse::Defer,
                         Lapse::Shun { turns, count, .. } => (turns, count),
                         _ => (Turns::default(), 0),
                     };
@@ -303,7 +312,7 @@ impl Registry {
             0
         };
         let keep_us = self.keep.as_micros() as u64;
-        let call = backend.register(&self.key, &self.id, ttl_us, keep_us);
+        let call = backend.register([&self.key, &self.joined], &self.id, ttl_us, keep_us);
         // Bounded, so a pool without timeouts cannot stop the heartbeat.
         let Ok(answer) = tokio::time::timeout(HEARTBEAT, call).await else {
             return;
@@ -356,23 +365,29 @@ impl Registry {
     }
 
     /// Takes in what the registry holds.
-    fn read(&self, Roll { live, lapsed, .. }: Roll) {
-        let others: Arc<[String]> = lapsed
-            .iter()
-            .filter(|id| **id != self.id)
-            .cloned()
-            .collect();
-        let mut ids: Vec<String> = live.into_iter().chain(lapsed).collect();
+    fn read(&self, roll: Roll) {
+        let mut ids: Vec<String> = roll.live.iter().chain(&roll.lapsed).cloned().collect();
         ids.push(self.id.clone());
         ids.sort();
         ids.dedup();
-        *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(ids.into());
+        let ids: Arc<[String]> = ids.into();
+        *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&ids));
+        let others: Arc<[Absent]> = absent(&roll, &ids, ENTRY_TTL)
+            .filter(|absent| absent.id != self.id)
+            .collect();
         let mut seen = self.lapsed.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut kept: Vec<String> = seen.last.iter().chain(others.iter()).cloned().collect();
-        kept.sort();
-        kept.dedup();
+        // Those lapsed now as read now; those back since as read before.
+        let mut kept: Vec<Absent> = others.to_vec();
+        kept.extend(
+            seen.last
+                .iter()
+                .filter(|before| others.iter().all(|now| now.id != before.id))
+                .cloned(),
+        );
+        kept.sort_by(|a, b| a.id.cmp(&b.id));
         if others != seen.last {
-            tracing::debug!(lapsed = ?others, "replicas whose registry entry lapsed: their shares are kept free");
+            let ids: Vec<&str> = others.iter().map(|a| a.id.as_str()).collect();
+            tracing::debug!(lapsed = ?ids, "replicas whose registry entry lapsed: their shares are kept free");
         }
         self.any_lapsed.store(!kept.is_empty(), Ordering::Relaxed);
         *seen = Lapsed {
@@ -654,7 +669,7 @@ mod tests {
                 live: own(live),
                 lapsed: own(lapsed),
                 expiries: vec![0; live.len()],
-                added: false,
+                ..Roll::default()
             });
         };
         (limiter, read)
@@ -693,6 +708,55 @@ mod tests {
         // This replica's own lapse is not kept free from itself.
         read(&["b"], &[&core.registry.id.clone()]);
         assert_eq!(lapse(), Lapse::None);
+    }
+
+    /// A lapsed replica is planned for from the roster it read at its last
+    /// renewal: the replicas added since (this one among them) are not in
+    /// it. Two lapsed replicas that read rosters of different sizes leave
+    /// the host to them.
+    #[test]
+    fn a_lapsed_replica_is_planned_for_from_the_roster_it_read() {
+        let (limiter, _) = registry_with(6, FallbackPolicy::Share);
+        let (core, a) = (&limiter.core, host_key("a.test"));
+        let registry = &core.registry;
+        let me = registry.id.clone();
+        let ttl = ENTRY_TTL.as_micros() as u64;
+        let own = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>();
+        // d last renewed at 10 s; e and this replica were added at 11 s.
+        let roll = Roll {
+            live: own(&["b", "c", "e", &me]),
+            expiries: vec![12 * S + ttl; 4],
+            joined: vec![S, 2 * S, 11 * S, 11 * S],
+            lapsed: own(&["d"]),
+            lapsed_expiries: vec![10 * S + ttl],
+            lapsed_joined: vec![3 * S],
+            added: false,
+        };
+        registry.read(roll.clone());
+        let d = Lapse::Shun {
+            n: 3,
+            turns: Turns::default().with(2),
+            count: 1,
+        };
+        assert_eq!(registry.lapse(&core.settings, &a), d, "d read b, c and d");
+        // Back, d keeps the roster it was planned from one more heartbeat.
+        registry.read(Roll {
+            live: own(&["b", "c", "d", "e", &me]),
+            expiries: vec![13 * S + ttl; 5],
+            joined: vec![S, 2 * S, 3 * S, 11 * S, 11 * S],
+            ..Roll::default()
+        });
+        assert_eq!(registry.lapse(&core.settings, &a), d);
+        // f lapsed too, having renewed after e and this replica were added:
+        // it divides the host among six, d among three.
+        registry.read(roll.clone());
+        registry.read(Roll {
+            lapsed: own(&["d", "f"]),
+            lapsed_expiries: vec![10 * S + ttl, 11 * S + S / 2 + ttl],
+            lapsed_joined: vec![3 * S, 4 * S],
+            ..roll
+        });
+        assert_eq!(registry.lapse(&core.settings, &a), Lapse::Defer);
     }
 
     #[test]
@@ -833,9 +897,8 @@ mod tests {
         let (live, expiries) = entries.map(|(id, at)| (id.to_owned(), at + ttl)).unzip();
         Roll {
             live,
-            lapsed: Vec::new(),
             expiries,
-            added: false,
+            ..Roll::default()
         }
     }
 

@@ -2,8 +2,12 @@
 //! knows of its peers (the registry it last read): plain functions of the
 //! roster, which every replica that read the same registry computes alike.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use sha2::{Digest, Sha256};
 
+use super::scripts::register::Roll;
 use crate::HostKey;
 use crate::fallback::{FallbackPolicy, Plan};
 
@@ -30,6 +34,55 @@ impl Turns {
     pub(super) fn iter(self) -> impl Iterator<Item = u32> {
         (0..Self::MAX).filter(move |i| self.0[(i / 64) as usize] & (1 << (i % 64)) != 0)
     }
+}
+
+/// A replica whose entry lapsed, and the roster it plans its outage from:
+/// the replicas in the registry when it last renewed its entry (that
+/// renewal read them), not those added since, which it never read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Absent {
+    /// Its id in the registry.
+    pub(super) id: String,
+    /// The replicas it read (sorted), itself among them.
+    pub(super) roster: Arc<[String]>,
+}
+
+/// The replicas `roll` names as lapsed, each with the roster it read at its
+/// last renewal (an entry lives `entry_ttl` from each): the replicas of
+/// `ids` (the roster, sorted) added to the registry before that renewal,
+/// or not known to have been added since (an entry without its addition,
+/// or a lapse without its expiry).
+pub(super) fn absent<'a>(
+    roll: &'a Roll,
+    ids: &'a Arc<[String]>,
+    entry_ttl: Duration,
+) -> impl Iterator<Item = Absent> + 'a {
+    let ttl = entry_ttl.as_micros() as u64;
+    let added = |id: &str| {
+        let at = |ids: &[String], times: &[u64]| {
+            let i = ids.iter().position(|other| other == id)?;
+            times.get(i).copied()
+        };
+        at(&roll.live, &roll.joined)
+            .or_else(|| at(&roll.lapsed, &roll.lapsed_joined))
+            .unwrap_or(0)
+    };
+    roll.lapsed.iter().enumerate().map(move |(i, id)| {
+        let roster = match roll.lapsed_expiries.get(i) {
+            Some(expiry) => {
+                let renewed = expiry.saturating_sub(ttl);
+                ids.iter()
+                    .filter(|other| *other == id || added(other) < renewed)
+                    .cloned()
+                    .collect()
+            }
+            None => Arc::clone(ids),
+        };
+        Absent {
+            id: id.clone(),
+            roster,
+        }
+    })
 }
 
 /// What a replica knows of its peers when it plans a host's outage.

@@ -1,32 +1,66 @@
 -- register.lua: a replica's heartbeat in its scope's registry.
 --
 -- KEYS[1] replicas  ZSET  replica id -> expiry (µs)
+-- KEYS[2] joined    HASH  replica id -> when its entry was added (µs)
 -- ARGV[1] this replica's id   ARGV[2] how long an entry lives unrenewed
 -- (µs; 0: read only, the entry is not renewed)   ARGV[3] how long (µs) a
 -- lapsed entry is kept, and named, after its expiry
 --
--- Returns {live, lapsed, expiries, added}: the ids of the live replicas
--- (this one included when renewed), of those whose entry lapsed within
--- ARGV[3], which may be sending on their own, the live entries' expiries
--- (µs, in the order of `live`: an entry's last renewal was its expiry
--- less the TTL, and that renewal read every entry there was then), and 1
--- when this renewal added this replica's entry (it was not there: its
--- first, or Redis lost it), else 0. A value of the wrong type is
--- replaced: it cannot name replicas.
-local key, id, ttl, keep = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Returns {live, lapsed, expiries, added, lapsed_expiries, joined,
+-- lapsed_joined}: the ids of the live replicas (this one included when
+-- renewed), of those whose entry lapsed within ARGV[3], which may be
+-- sending on their own, the live entries' expiries (µs, in the order of
+-- `live`: an entry's last renewal was its expiry less the TTL, and that
+-- renewal read every entry there was then), 1 when this renewal added
+-- this replica's entry (it was not there: its first, or Redis lost it),
+-- else 0, the lapsed entries' expiries (in the order of `lapsed`), and
+-- when each live and each lapsed entry was added (0 when not known: an
+-- entry added by a replica of an earlier version). A replica cut off from
+-- Redis read, at its last renewal, the entries added before it.
+-- A value of the wrong type is replaced: it cannot name replicas.
+local key, joined = KEYS[1], KEYS[2]
+local id, ttl, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = clock()
 if not pcall(redis.call, 'ZREMRANGEBYSCORE', key, '-inf', int(now - keep)) then
   redis.call('DEL', key)
+end
+-- The additions of entries forgotten or taken out (a replica that left)
+-- go too: there are never more of them than entries.
+local ok, count = pcall(redis.call, 'HLEN', joined)
+if not ok then
+  redis.call('DEL', joined)
+elseif count > redis.call('ZCARD', key) then
+  for _, other in ipairs(redis.call('HKEYS', joined)) do
+    if not redis.call('ZSCORE', key, other) then
+      redis.call('HDEL', joined, other)
+    end
+  end
 end
 local added = 0
 if ttl > 0 then
   added = redis.call('ZADD', key, int(now + ttl), id)
   extend(key, ttl + keep)
+  if added == 1 then
+    redis.call('HSET', joined, id, int(now))
+  end
+  extend(joined, ttl + keep)
 end
-local entries = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES')
-local live, expiries = {}, {}
-for i = 1, #entries, 2 do
-  live[#live + 1] = entries[i]
-  expiries[#expiries + 1] = entries[i + 1]
+-- Ids and scores of the entries in (min, max], and when each was added.
+local function entries(min, max)
+  local found = redis.call('ZRANGEBYSCORE', key, min, max, 'WITHSCORES')
+  local ids, scores = {}, {}
+  for i = 1, #found, 2 do
+    ids[#ids + 1] = found[i]
+    scores[#scores + 1] = found[i + 1]
+  end
+  local added_at = {}
+  if #ids > 0 then
+    for i, at in ipairs(redis.call('HMGET', joined, unpack(ids))) do
+      added_at[i] = tonumber(at) or 0
+    end
+  end
+  return ids, scores, added_at
 end
-return {live, redis.call('ZRANGEBYSCORE', key, '-inf', int(now)), expiries, added}
+local live, expiries, live_joined = entries('(' .. int(now), '+inf')
+local lapsed, lapsed_expiries, lapsed_joined = entries('-inf', int(now))
+return {live, lapsed, expiries, added, lapsed_expiries, live_joined, lapsed_joined}

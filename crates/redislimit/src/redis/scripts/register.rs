@@ -20,29 +20,53 @@ pub(crate) struct Roll {
     /// Whether this renewal added the replica's entry (its first, or Redis
     /// had lost it) rather than renewing it.
     pub(crate) added: bool,
+    /// When each lapsed entry expired (µs on Redis's clock), in the order
+    /// of `lapsed`.
+    pub(crate) lapsed_expiries: Vec<u64>,
+    /// When each live entry was added (µs on Redis's clock; 0 when not
+    /// known), in the order of `live`.
+    pub(crate) joined: Vec<u64>,
+    /// When each lapsed entry was added, in the order of `lapsed`.
+    pub(crate) lapsed_joined: Vec<u64>,
 }
 
-/// Runs register.lua on the scope's registry `key` for this replica's
+/// Replies of register.lua: ids and expiries of the live and the lapsed
+/// entries, whether this renewal added its own, and when each was added.
+type Reply = (
+    Vec<String>,
+    Vec<String>,
+    Vec<f64>,
+    i64,
+    Vec<f64>,
+    Vec<u64>,
+    Vec<u64>,
+);
+
+/// Runs register.lua on the scope's registry `keys` (its entries, and when
+/// each was added) for this replica's
 /// `id`: renews its entry for `ttl_us` (0: reads only), and reads the
 /// entries, those lapsed within `keep_us` included.
 pub(crate) async fn run(
     redis: &Connections,
-    key: &str,
+    keys: [&str; 2],
     id: &str,
     ttl_us: u64,
     keep_us: u64,
 ) -> Result<Roll, ScriptError> {
-    let (live, lapsed, expiries, added) = REGISTER
-        .run::<(Vec<String>, Vec<String>, Vec<f64>, i64)>(redis, &[key], |cmd: &mut Cmd| {
+    let (live, lapsed, expiries, added, lapsed_expiries, joined, lapsed_joined) = REGISTER
+        .run::<Reply>(redis, &keys, |cmd: &mut Cmd| {
             cmd.arg(id).arg(ttl_us).arg(keep_us);
         })
         .await?;
     // Scores Redis wrote from whole microseconds: exact as f64.
-    let expiries = expiries.into_iter().map(|e| e.max(0.0) as u64).collect();
+    let whole = |scores: Vec<f64>| scores.into_iter().map(|e| e.max(0.0) as u64).collect();
     Ok(Roll {
         live,
         lapsed,
-        expiries,
+        expiries: whole(expiries),
         added: added == 1,
+        lapsed_expiries: whole(lapsed_expiries),
+        joined,
+        lapsed_joined,
     })
 }
