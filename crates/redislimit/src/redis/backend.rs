@@ -347,22 +347,22 @@ impl Backend {
         ttl_us: u64,
         keep_us: u64,
     ) -> Result<register::Roll, CallError> {
-        let roll = register::run(&self.redis, keys, id, ttl_us, keep_us).await;
+        let roll = register::run(&self.redis, keys, id, ttl_us, keep_us, false).await;
         self.observe(keys[0], roll)
     }
 
-    /// Removes `id`'s entry from the registry `key`: a replica that closes
-    /// leaves, so that the others do not keep its share free as a
-    /// lapsed one's.
-    pub(super) async fn leave(&self, key: &str, id: &str) -> Result<(), CallError> {
-        let mut zrem = deadpool_redis::redis::cmd("ZREM");
-        zrem.arg(key).arg(id);
-        let done = self
-            .redis
-            .query::<deadpool_redis::redis::Value>(&zrem)
-            .await
-            .map_err(ScriptError::Query);
-        self.observe(key, done).map(drop)
+    /// Takes `id`'s entry out of the registry `keys` (register.lua,
+    /// leaving): a replica that closes leaves, so that the others do not
+    /// keep its share free as a lapsed one's, and its departure is kept
+    /// for `keep_us` (a replica cut off meanwhile still counts it).
+    pub(super) async fn leave(
+        &self,
+        keys: [&str; 2],
+        id: &str,
+        keep_us: u64,
+    ) -> Result<(), CallError> {
+        let done = register::run(&self.redis, keys, id, 0, keep_us, true).await;
+        self.observe(keys[0], done).map(drop)
     }
 }
 

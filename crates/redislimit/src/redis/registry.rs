@@ -404,7 +404,11 @@ impl Registry {
         }
         // No renewal from now on (one under way may still land: it lapses).
         self.leaving.store(true, Ordering::Release);
-        match backend.leave(&self.key, &self.id).await {
+        let keep_us = self.keep.as_micros() as u64;
+        match backend
+            .leave([&self.key, &self.joined], &self.id, keep_us)
+            .await
+        {
             Ok(()) => self.left.store(true, Ordering::Release),
             Err(err) => tracing::debug!(error = ?err, "leaving the registry failed"),
         }
@@ -712,8 +716,8 @@ mod tests {
 
     /// A lapsed replica is planned for from the roster it read at its last
     /// renewal: the replicas added since (this one among them) are not in
-    /// it. Two lapsed replicas that read rosters of different sizes leave
-    /// the host to them.
+    /// it, those that left since are. Two lapsed replicas that read
+    /// rosters of different sizes leave the host to them.
     #[test]
     fn a_lapsed_replica_is_planned_for_from_the_roster_it_read() {
         let (limiter, _) = registry_with(6, FallbackPolicy::Share);
@@ -722,7 +726,8 @@ mod tests {
         let me = registry.id.clone();
         let ttl = ENTRY_TTL.as_micros() as u64;
         let own = |ids: &[&str]| ids.iter().map(|id| (*id).to_owned()).collect::<Vec<_>>();
-        // d last renewed at 10 s; e and this replica were added at 11 s.
+        // d last renewed at 10 s; e and this replica were added at 11 s, g
+        // left at 10.5 s and h at 9 s.
         let roll = Roll {
             live: own(&["b", "c", "e", &me]),
             expiries: vec![12 * S + ttl; 4],
@@ -730,15 +735,22 @@ mod tests {
             lapsed: own(&["d"]),
             lapsed_expiries: vec![10 * S + ttl],
             lapsed_joined: vec![3 * S],
+            left: own(&["g", "h"]),
+            left_joined: vec![S / 2, S],
+            left_at: vec![10 * S + S / 2, 9 * S],
             added: false,
         };
         registry.read(roll.clone());
         let d = Lapse::Shun {
-            n: 3,
+            n: 4,
             turns: Turns::default().with(2),
             count: 1,
         };
-        assert_eq!(registry.lapse(&core.settings, &a), d, "d read b, c and d");
+        assert_eq!(
+            registry.lapse(&core.settings, &a),
+            d,
+            "d read b, c, d and g"
+        );
         // Back, d keeps the roster it was planned from one more heartbeat.
         registry.read(Roll {
             live: own(&["b", "c", "d", "e", &me]),
@@ -747,8 +759,8 @@ mod tests {
             ..Roll::default()
         });
         assert_eq!(registry.lapse(&core.settings, &a), d);
-        // f lapsed too, having renewed after e and this replica were added:
-        // it divides the host among six, d among three.
+        // f lapsed too, having renewed after e and this replica were added,
+        // and after g left: it divides the host among six, d among four.
         registry.read(roll.clone());
         registry.read(Roll {
             lapsed: own(&["d", "f"]),

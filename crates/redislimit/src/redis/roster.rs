@@ -38,7 +38,8 @@ impl Turns {
 
 /// A replica whose entry lapsed, and the roster it plans its outage from:
 /// the replicas in the registry when it last renewed its entry (that
-/// renewal read them), not those added since, which it never read.
+/// renewal read them): not those added since, which it never read, and
+/// those that left since, which it still counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Absent {
     /// Its id in the registry.
@@ -51,7 +52,8 @@ pub(super) struct Absent {
 /// last renewal (an entry lives `entry_ttl` from each): the replicas of
 /// `ids` (the roster, sorted) added to the registry before that renewal,
 /// or not known to have been added since (an entry without its addition,
-/// or a lapse without its expiry).
+/// or a lapse without its expiry), and those that left the registry since
+/// (it still counts them).
 pub(super) fn absent<'a>(
     roll: &'a Roll,
     ids: &'a Arc<[String]>,
@@ -71,10 +73,19 @@ pub(super) fn absent<'a>(
         let roster = match roll.lapsed_expiries.get(i) {
             Some(expiry) => {
                 let renewed = expiry.saturating_sub(ttl);
-                ids.iter()
+                let mut roster: Vec<String> = ids
+                    .iter()
                     .filter(|other| *other == id || added(other) < renewed)
                     .cloned()
-                    .collect()
+                    .collect();
+                let gone = roll.left.iter().zip(&roll.left_joined).zip(&roll.left_at);
+                roster.extend(
+                    gone.filter(|((_, added), left)| **added < renewed && **left > renewed)
+                        .map(|((other, _), _)| other.clone()),
+                );
+                roster.sort();
+                roster.dedup();
+                roster.into()
             }
             None => Arc::clone(ids),
         };

@@ -28,6 +28,13 @@ pub(crate) struct Roll {
     pub(crate) joined: Vec<u64>,
     /// When each lapsed entry was added, in the order of `lapsed`.
     pub(crate) lapsed_joined: Vec<u64>,
+    /// Replicas that left within the time asked for (their entries taken
+    /// out as they closed).
+    pub(crate) left: Vec<String>,
+    /// When each of `left` was added, in its order.
+    pub(crate) left_joined: Vec<u64>,
+    /// When each of `left` left, in its order.
+    pub(crate) left_at: Vec<u64>,
 }
 
 /// Replies of register.lua: ids and expiries of the live and the lapsed
@@ -40,24 +47,32 @@ type Reply = (
     Vec<f64>,
     Vec<u64>,
     Vec<u64>,
+    Vec<String>,
+    Vec<u64>,
+    Vec<u64>,
 );
 
 /// Runs register.lua on the scope's registry `keys` (its entries, and when
 /// each was added) for this replica's
-/// `id`: renews its entry for `ttl_us` (0: reads only), and reads the
-/// entries, those lapsed within `keep_us` included.
+/// `id`: renews its entry for `ttl_us` (0: reads only), or takes it out
+/// when `leaving`, and reads the entries, those lapsed or left within
+/// `keep_us` included.
 pub(crate) async fn run(
     redis: &Connections,
     keys: [&str; 2],
     id: &str,
     ttl_us: u64,
     keep_us: u64,
+    leaving: bool,
 ) -> Result<Roll, ScriptError> {
-    let (live, lapsed, expiries, added, lapsed_expiries, joined, lapsed_joined) = REGISTER
+    let reply = REGISTER
         .run::<Reply>(redis, &keys, |cmd: &mut Cmd| {
-            cmd.arg(id).arg(ttl_us).arg(keep_us);
+            cmd.arg(id).arg(ttl_us).arg(keep_us).arg(u8::from(leaving));
         })
         .await?;
+    let (live, lapsed, expiries, added, lapsed_expiries, joined, lapsed_joined) = (
+        reply.0, reply.1, reply.2, reply.3, reply.4, reply.5, reply.6,
+    );
     // Scores Redis wrote from whole microseconds: exact as f64.
     let whole = |scores: Vec<f64>| scores.into_iter().map(|e| e.max(0.0) as u64).collect();
     Ok(Roll {
@@ -68,5 +83,8 @@ pub(crate) async fn run(
         lapsed_expiries: whole(lapsed_expiries),
         joined,
         lapsed_joined,
+        left: reply.7,
+        left_joined: reply.8,
+        left_at: reply.9,
     })
 }
