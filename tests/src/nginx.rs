@@ -173,7 +173,8 @@ impl Nginx {
         )
     }
 
-    /// The port it listens on (on every address, `127.0.0.1` among them).
+    /// The port it listens on (on every address, `127.0.0.1` among them;
+    /// it answers only loopback clients, others with `403`).
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -241,6 +242,12 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Every `server` listens on every address (a bench's hosts are spread
+/// over `127.0.0.0/8`) and answers this machine's loopback clients alone,
+/// before any `return` of its own (the access module's `deny` comes after
+/// those).
+const LOOPBACK_ONLY: &str = r#"if ($remote_addr !~ "^(127\.|::1$)") { return 403; }"#;
+
 /// The configuration: a `server` per host named (and a default one
 /// answering `421` to any other name), or one for any name; both limits
 /// keyed by `$host`.
@@ -267,12 +274,14 @@ fn configuration(dir: &Path, port: u16, config: &NginxConfig<'_>) -> String {
             "    server {{
         listen {port}{default};
         server_name {name};
+        {loopback_only}
         limit_req zone=pace;
         limit_conn perhost {conns};
         {content}
     }}
 ",
             default = if default { " default_server" } else { "" },
+            loopback_only = LOOPBACK_ONLY,
         )
     };
     let servers: String = match config.hosts {
@@ -282,6 +291,7 @@ fn configuration(dir: &Path, port: u16, config: &NginxConfig<'_>) -> String {
                 "    server {{
         listen {port} default_server;
         server_name _;
+        {LOOPBACK_ONLY}
         return 421;
     }}
 "
@@ -357,5 +367,58 @@ fn parse_log_line(line: &str) -> Logged {
             .parse()
             .unwrap_or_else(|_| panic!("bad time in: {line}")),
         replica: next().parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::{Nginx, NginxConfig};
+
+    /// The status nginx on `port` of `to` answers a GET sent from `from`.
+    async fn status_from(from: IpAddr, to: IpAddr, port: u16) -> String {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(from, 0)).unwrap();
+        let mut stream = socket.connect(SocketAddr::new(to, port)).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.unwrap();
+        reply
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// This machine's address toward the outside, if it has one (no packet
+    /// is sent: a UDP socket's connect only picks the route).
+    fn outside_address() -> Option<IpAddr> {
+        let socket = UdpSocket::bind("0.0.0.0:0").ok()?;
+        socket.connect("203.0.113.1:9").ok()?;
+        let ip = socket.local_addr().ok()?.ip();
+        (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+    }
+
+    /// It listens on every address, and answers this machine's loopback
+    /// clients alone: a client from another address is refused (`403`).
+    #[tokio::test]
+    async fn it_answers_loopback_clients_alone() {
+        let nginx = Nginx::start(NginxConfig {
+            hosts: None,
+            rate: 100,
+            conns: 10,
+            upstream: None,
+        });
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        assert_eq!(status_from(loopback, loopback, nginx.port()).await, "200");
+        let outside = outside_address()
+            .expect("an address besides loopback to send from (a route out of this machine)");
+        assert_eq!(status_from(outside, outside, nginx.port()).await, "403");
     }
 }
