@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use redislimit::{Error, FallbackLimiter, FallbackPolicy, Limiter, RedisLimiter};
 use redislimit_tests::record::{
-    Recorder, assert_serialized, max_in_flight, max_in_window, min_send_gap,
+    Recorder, Request, assert_serialized, max_in_flight, max_in_window, min_send_gap,
 };
 use redislimit_tests::{RedisServer, StallProbe, StallProxy};
 
@@ -164,6 +164,21 @@ async fn crawl_giving_up(
 /// where the instants are taken.
 fn rate_bound(gap: Duration) -> usize {
     (Duration::from_secs(1).as_micros() / gap.as_micros()) as usize + 1
+}
+
+/// Consecutive sends of `seen` (sorted by send) keep `gap`, less the tenth
+/// of it a turn may be taken late, and no second holds more than its rate.
+fn assert_gap_and_rate(seen: &[Request], gap: Duration) {
+    let closest = min_send_gap(seen);
+    assert!(
+        closest >= gap * 8 / 10,
+        "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
+    );
+    let peak = max_in_window(seen, Duration::from_secs(1) - 5 * MS);
+    assert!(
+        peak <= rate_bound(gap),
+        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
+    );
 }
 
 /// Regression: every replica's fallback paced at the full per-host limit,
@@ -807,17 +822,7 @@ async fn one_replica_cut_off_alone_keeps_the_shared_limit() {
         seen.iter().filter(|r| r.replica != 2).count() >= 10,
         "the others kept working: {seen:?}"
     );
-    // Turns may be taken up to a tenth of the gap late.
-    let closest = min_send_gap(&seen);
-    assert!(
-        closest >= gap * 8 / 10,
-        "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
-    );
-    let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
-    assert!(
-        peak <= rate_bound(gap),
-        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
-    );
+    assert_gap_and_rate(&seen, gap);
     assert!(max_in_flight(&seen) <= 6);
 }
 
@@ -879,17 +884,7 @@ async fn roster_changes_while_one_is_cut_off(joins: bool) {
             "replica {replica} kept working: {seen:?}"
         );
     }
-    // Turns may be taken up to a tenth of the gap late.
-    let closest = min_send_gap(&seen);
-    assert!(
-        closest >= gap * 8 / 10,
-        "sends {closest:?} apart against a gap of {gap:?}: {seen:?}"
-    );
-    let peak = max_in_window(&seen, Duration::from_secs(1) - 5 * MS);
-    assert!(
-        peak <= rate_bound(gap),
-        "{peak} sends in 1 s, more than the rate of one every {gap:?}"
-    );
+    assert_gap_and_rate(&seen, gap);
 }
 
 /// Regression: with one replica cut off alone, the others kept the whole
