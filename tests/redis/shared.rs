@@ -187,3 +187,59 @@ async fn garbage_in_the_key_is_replaced_and_a_dead_redis_fetches_alone() {
     }
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
 }
+
+/// A replica that read the old value just before another fetched the new
+/// one and ended its claim takes the claim that is free again, and finds
+/// the new value there: it does not fetch a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_taken_just_after_another_replica_kept_the_value_finds_it() {
+    let server = RedisServer::start();
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let old = cache(&server)
+        .get_or_fetch(
+            "n",
+            DAY,
+            |_| true,
+            |_| fetch(Arc::clone(&fetches), MS, "old"),
+        )
+        .await;
+    assert!(matches!(old, Cached::Fetched(_)));
+    // Between this replica's read of "old" and its claim, another replica
+    // fetches "new", keeps it and ends its claim (run to its end, on a
+    // thread of its own, from inside the read's `fresh`).
+    let other_ran = std::sync::atomic::AtomicBool::new(false);
+    let other = |value: &[u8]| {
+        if value == b"old" && !other_ran.swap(true, Ordering::SeqCst) {
+            let fetches = Arc::clone(&fetches);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let got = runtime.block_on(cache(&server).get_or_fetch(
+                        "n",
+                        DAY,
+                        |v| v != b"old",
+                        |_| fetch(fetches, MS, "new"),
+                    ));
+                    assert!(matches!(got, Cached::Fetched(v) if v == b"new"));
+                });
+            });
+        }
+        value != b"old"
+    };
+    let got = bounded(
+        10,
+        cache(&server).get_or_fetch("n", DAY, other, |_| {
+            fetch(Arc::clone(&fetches), MS, "again")
+        }),
+    )
+    .await;
+    assert!(other_ran.load(Ordering::SeqCst));
+    assert!(matches!(&got, Cached::Found(v) if v == b"new"), "{got:?}");
+    assert_eq!(fetches.load(Ordering::SeqCst), 2, "old, new and no more");
+    let (value, claim) = redislimit_tests::keys::shared("test", "robots", "n");
+    assert_eq!(server.query(&["GET", &value]).as_str(), Some("new"));
+    assert_eq!(server.query(&["EXISTS", &claim]), Reply::Integer(0));
+}

@@ -54,7 +54,8 @@ async fn robots_txt_disallows_and_sets_the_crawl_delay() {
         );
     }
     let b = upstream.recorder().host("b.test");
-    assert_eq!(b.len(), 5, "one robots.txt and the four URLs");
+    let sent: Vec<_> = b.iter().map(|r| (r.replica, r.path.as_str())).collect();
+    assert_eq!(b.len(), 5, "one robots.txt and the four URLs: {sent:?}");
     assert!(
         b.windows(2)
             .all(|w| w[1].send - w[0].send < Duration::from_secs(1))
@@ -128,8 +129,10 @@ async fn robots_txt_is_fetched_once_for_the_fleet_and_kept_for_the_next_crawl() 
         assert_eq!(report.len(), list.len());
         // One robots.txt per host for the fleet, in both runs together;
         // c.test's three attempts, all by one replica.
-        assert_eq!(robots("a.test").len(), 1, "run {run}");
-        assert_eq!(robots("b.test").len(), 1, "run {run}");
+        for host in ["a.test", "b.test"] {
+            let asked: Vec<_> = robots(host).iter().map(|r| (r.replica, r.send)).collect();
+            assert_eq!(asked.len(), 1, "run {run}: {host} {asked:?}");
+        }
         let c = robots("c.test");
         assert_eq!(c.len(), 3, "run {run}: {c:?}");
         assert!(c.iter().all(|r| r.replica == c[0].replica), "{c:?}");

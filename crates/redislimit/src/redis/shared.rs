@@ -140,7 +140,24 @@ impl SharedCache {
                 break false;
             }
             match backend.set_if_free(&claim, &token, wait).await {
-                Ok(true) => break true,
+                // The value may have been kept, and its claim ended, between
+                // the read above and this claim: read again before fetching.
+                Ok(true) => match backend.get_bytes(&key).await {
+                    Ok(Some(value)) if fresh(&value) => {
+                        let mut del = deadpool_redis::redis::cmd("DEL");
+                        del.arg(&claim);
+                        // Left to lapse if this fails: the value is kept.
+                        let _ = backend.command::<i64>(&claim, &del).await;
+                        return Cached::Found(value);
+                    }
+                    Ok(found) => {
+                        stale = found.or(stale);
+                        break true;
+                    }
+                    // Fetched under the claim all the same; keeping it
+                    // says whether Redis answers.
+                    Err(_) => break true,
+                },
                 Ok(false) => {
                     tokio::time::sleep(pause.min(deadline - now)).await;
                     pause = (pause * 2).min(MAX_PAUSE);
