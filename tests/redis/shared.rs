@@ -25,6 +25,21 @@ async fn fetch(count: Arc<AtomicUsize>, took: Duration, value: &str) -> Fresh {
     }
 }
 
+/// `name`'s value from `cache`, any value taken as fresh, else `value`
+/// fetched at once (counted in `fetches`).
+async fn get(
+    cache: &SharedCache,
+    name: &str,
+    wait: Duration,
+    fetches: &Arc<AtomicUsize>,
+    value: &str,
+) -> Cached {
+    let fetches = Arc::clone(fetches);
+    cache
+        .get_or_fetch(name, wait, |_| true, |_| fetch(fetches, MS, value))
+        .await
+}
+
 fn cache(server: &RedisServer) -> SharedCache {
     limiter(standalone(&server.url()), |p| p, |b| b).shared_cache("robots")
 }
@@ -69,14 +84,14 @@ async fn one_replica_fetches_and_the_others_wait_for_it() {
     );
     assert_eq!(server.query(&["EXISTS", &claim]), Reply::Integer(0));
     // Another origin is another value.
-    let other = cache(&server)
-        .get_or_fetch(
-            "https://a.test:443",
-            DAY,
-            |_| true,
-            |_| fetch(Arc::clone(&fetches), MS, "other"),
-        )
-        .await;
+    let other = get(
+        &cache(&server),
+        "https://a.test:443",
+        DAY,
+        &fetches,
+        "other",
+    )
+    .await;
     assert!(matches!(other, Cached::Fetched(v) if v == b"other"));
 }
 
@@ -85,14 +100,7 @@ async fn a_value_no_longer_fresh_is_fetched_again_seeing_the_old_one() {
     let server = RedisServer::start();
     let cache = cache(&server);
     let fetches = Arc::new(AtomicUsize::new(0));
-    let first = cache
-        .get_or_fetch(
-            "n",
-            DAY,
-            |_| true,
-            |_| fetch(Arc::clone(&fetches), MS, "old"),
-        )
-        .await;
+    let first = get(&cache, "n", DAY, &fetches, "old").await;
     assert!(matches!(first, Cached::Fetched(_)));
     let seen = Arc::new(std::sync::Mutex::new(None));
     let again = cache
@@ -136,16 +144,7 @@ async fn a_dead_fetcher_holds_the_others_up_no_longer_than_the_wait() {
         "the claim is left"
     );
     // Another waits for the claim to lapse, then fetches.
-    let got = bounded(
-        5,
-        cache(&server).get_or_fetch(
-            "n",
-            wait,
-            |_| true,
-            |_| fetch(Arc::clone(&fetches), MS, "value"),
-        ),
-    )
-    .await;
+    let got = bounded(5, get(&cache(&server), "n", wait, &fetches, "value")).await;
     assert!(matches!(got, Cached::Fetched(v) if v == b"value"));
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
 }
@@ -157,27 +156,11 @@ async fn garbage_in_the_key_is_replaced_and_a_dead_redis_fetches_alone() {
     server.command(&["HSET", &value, "not", "a string"]);
     let cache = cache(&server);
     let fetches = Arc::new(AtomicUsize::new(0));
-    let got = cache
-        .get_or_fetch(
-            "n",
-            DAY,
-            |_| true,
-            |_| fetch(Arc::clone(&fetches), MS, "value"),
-        )
-        .await;
+    let got = get(&cache, "n", DAY, &fetches, "value").await;
     assert!(matches!(got, Cached::Fetched(v) if v == b"value"));
     assert_eq!(server.query(&["GET", &value]).as_str(), Some("value"));
     server.kill();
-    let got = bounded(
-        10,
-        cache.get_or_fetch(
-            "m",
-            DAY,
-            |_| true,
-            |_| fetch(Arc::clone(&fetches), MS, "alone"),
-        ),
-    )
-    .await;
+    let got = bounded(10, get(&cache, "m", DAY, &fetches, "alone")).await;
     match got {
         Cached::Alone(v, err) => {
             assert_eq!(v, b"alone");
@@ -195,14 +178,7 @@ async fn garbage_in_the_key_is_replaced_and_a_dead_redis_fetches_alone() {
 async fn a_claim_taken_just_after_another_replica_kept_the_value_finds_it() {
     let server = RedisServer::start();
     let fetches = Arc::new(AtomicUsize::new(0));
-    let old = cache(&server)
-        .get_or_fetch(
-            "n",
-            DAY,
-            |_| true,
-            |_| fetch(Arc::clone(&fetches), MS, "old"),
-        )
-        .await;
+    let old = get(&cache(&server), "n", DAY, &fetches, "old").await;
     assert!(matches!(old, Cached::Fetched(_)));
     // Between this replica's read of "old" and its claim, another replica
     // fetches "new", keeps it and ends its claim (run to its end, on a
