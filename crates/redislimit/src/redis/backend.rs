@@ -173,7 +173,6 @@ impl Backend {
         self.acquires.acquire().await.ok()
     }
 
-    /// Takes what a call said about Redis into the circuit.
     /// Takes what a call on `key` said about Redis into its circuit.
     fn observe<T>(&self, key: &str, result: Result<T, ScriptError>) -> Result<T, CallError> {
         self.observe_in(self.circuits.of(key), result)
