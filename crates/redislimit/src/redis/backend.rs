@@ -428,16 +428,21 @@ impl Backend {
             .map_err(ScriptError::Query);
         self.observe(key, set)?;
         if let Some(done) = done {
-            let mut del = deadpool_redis::redis::cmd("DEL");
-            del.arg(done);
-            let del = self
-                .redis
-                .query::<deadpool_redis::redis::Value>(&del)
-                .await
-                .map_err(ScriptError::Query);
-            self.observe(done, del)?;
+            self.delete(done).await?;
         }
         Ok(())
+    }
+
+    /// `DEL key`.
+    pub(super) async fn delete(&self, key: &str) -> Result<(), CallError> {
+        let mut del = deadpool_redis::redis::cmd("DEL");
+        del.arg(key);
+        let del = self
+            .redis
+            .query::<deadpool_redis::redis::Value>(&del)
+            .await
+            .map_err(ScriptError::Query);
+        self.observe(key, del).map(drop)
     }
 }
 

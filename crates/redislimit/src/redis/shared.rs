@@ -144,10 +144,8 @@ impl SharedCache {
                 // the read above and this claim: read again before fetching.
                 Ok(true) => match backend.get_bytes(&key).await {
                     Ok(Some(value)) if fresh(&value) => {
-                        let mut del = deadpool_redis::redis::cmd("DEL");
-                        del.arg(&claim);
                         // Left to lapse if this fails: the value is kept.
-                        let _ = backend.command::<i64>(&claim, &del).await;
+                        let _ = backend.delete(&claim).await;
                         return Cached::Found(value);
                     }
                     Ok(found) => {
