@@ -148,7 +148,21 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Unavailable { .. })
     }
+
+    /// Whether this is [`Error::Unavailable`] for a call that was not made:
+    /// the backend failed to answer moments ago, and only one call a second
+    /// asks it again (see [`Skipped`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn is_skipped(&self) -> bool {
+        matches!(self, Self::Unavailable { source, .. } if source.is::<Skipped>())
+    }
 }
+
+/// The source of [`Error::Unavailable`] for a call skipped because the
+/// backend failed to answer moments ago: the call was not made.
+#[derive(Debug, thiserror::Error)]
+#[error("Redis failed to answer moments ago; it is asked again once a second")]
+pub(crate) struct Skipped;
 
 /// What [`Error::Misconfigured`] found wrong with the backend's setup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,6 +21,16 @@ use crate::pacing::after;
 use crate::permit::Unsent;
 use crate::{DomainLimiter, Error, Hooks, HostKey, Limiter, Permit, RequestPacing, WaitOutcome};
 
+/// How soon an acquire asks the primary again while it waits to send on
+/// its own (until the replicas still on the primary know this one is cut
+/// off), and at most how often after a call skipped while another call
+/// probed the primary and found it back. Only a call finds the primary
+/// back (the circuit lets one through as its probe once a second), and
+/// the replicas back on it meanwhile admit at their whole limits once
+/// their share's grace ends: a send at this replica's share would go
+/// beside them.
+const ASK_AGAIN: Duration = Duration::from_millis(250);
+
 /// What one acquire of a `FallbackLimiter` works with: its parts, borrowed.
 pub(super) struct Acquire<'a, P> {
     pub(super) primary: &'a Arc<P>,
@@ -46,6 +56,10 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
         // Hooks name the key, as the limiters below do.
         let key = self.fallback.policies().key(&host);
         let mut report = WaitReport::new(self.hooks, engine, &key, Instant::now());
+        // Whether this acquire waits to send on its own (logged once).
+        let mut cut_off = false;
+        // When a skipped call was last asked again (see `ASK_AGAIN`).
+        let mut asked_again: Option<Instant> = None;
         loop {
             // Requests this process sent during an outage count in the
             // primary before it admits anything else for their host.
@@ -174,7 +188,23 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                     let waited = report.finish(WaitOutcome::Acquired);
                     return Ok(joint(key, waited, [share, Some(shared), local]));
                 }
-                Err(err) if err.is_unavailable() => err,
+                Err(err) if err.is_unavailable() => {
+                    // Skipped while another call probed the primary and
+                    // found it back (for this host): asked again, not sent
+                    // at this replica's share beside the others, who may be
+                    // back at their whole limits. At most once an
+                    // `ASK_AGAIN`, so that nothing spins.
+                    let now = Instant::now();
+                    if err.is_skipped()
+                        && asked_again.is_none_or(|at| now >= after(at, ASK_AGAIN))
+                        && crate::limiter::coordination(&**self.primary)
+                            .is_some_and(|c| c.answers_for(&host))
+                    {
+                        asked_again = Some(now);
+                        continue;
+                    }
+                    err
+                }
                 Err(Error::WaitBudget { wait, .. })
                     if turn_ends.is_some_and(|ends| {
                         deadline.is_none_or(|d| ends < d && after(Instant::now(), wait) <= d)
@@ -200,20 +230,27 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // or alone while a replica it has not seen yet may be sending)
             // waits until the replicas still on the primary know this one
             // is cut off, and keep its share free.
+            // Meanwhile it asks the primary again every `ASK_AGAIN`:
+            // the primary may be back (the others may be back on it, at
+            // their whole limits), and only a call finds that out.
             let alone_from = self.outage.and_then(|o| o.alone_from(plan));
             if let Some(from) = alone_from
                 && from > now
             {
                 drop((local, turn));
+                let recheck = from.min(after(now, ASK_AGAIN));
                 if let Some(deadline) = deadline
-                    && from > deadline
+                    && recheck > deadline
                 {
                     tokio::time::sleep_until(deadline).await;
                     let now = Instant::now();
                     return Err(report.over_budget(from, deadline, now));
                 }
-                tracing::debug!(host = %host, "cut off from the primary: waiting until the other replicas know");
-                tokio::time::sleep_until(from).await;
+                if !cut_off {
+                    cut_off = true;
+                    tracing::debug!(host = %host, "cut off from the primary: waiting until the other replicas know");
+                }
+                tokio::time::sleep_until(recheck).await;
                 continue;
             }
             // (A cap the host stated since the turn was taken, of which
@@ -589,5 +626,168 @@ async fn defer(deadline: Option<Instant>) -> Result<(), (Instant, Instant)> {
             tokio::time::sleep_until(retry).await;
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::limiter::sealed;
+    use crate::{BoxFuture, FallbackLimiter, Op, Pacing};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A primary that is away until `up` is set, then admits through an
+    /// in-process limiter, counting what it admitted; it answers for every
+    /// host while `up` is set. While away, its calls fail as `away` makes them
+    /// (timed out, or skipped by its circuit); `probed`: whether another
+    /// call finds it back while the first one fails (`up` is then set).
+    #[derive(Debug)]
+    struct Returning {
+        up: Arc<AtomicBool>,
+        away: fn() -> Error,
+        probed: bool,
+        inner: DomainLimiter,
+        admitted: AtomicUsize,
+    }
+
+    impl Returning {
+        fn new(up: &Arc<AtomicBool>, away: fn() -> Error, probed: bool) -> Self {
+            Self {
+                up: Arc::clone(up),
+                away,
+                probed,
+                inner: unpaced(),
+                admitted: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    fn unpaced() -> DomainLimiter {
+        DomainLimiter::new(Pacing::builder().max_concurrent(4).build().unwrap())
+    }
+
+    impl Limiter for Returning {
+        fn acquire_with<'a>(
+            &'a self,
+            engine: &'a str,
+            host: HostKey,
+            deadline: Option<Instant>,
+            request: RequestPacing,
+        ) -> BoxFuture<'a, Result<Permit, Error>> {
+            Box::pin(async move {
+                if !self.up.load(Ordering::SeqCst) {
+                    self.up.store(self.probed, Ordering::SeqCst);
+                    return Err((self.away)());
+                }
+                let permit = self
+                    .inner
+                    .acquire_with(engine, host, deadline, request)
+                    .await?;
+                self.admitted.fetch_add(1, Ordering::SeqCst);
+                Ok(permit)
+            })
+        }
+
+        fn penalize_host<'a>(
+            &'a self,
+            host: HostKey,
+            hold: Duration,
+        ) -> BoxFuture<'a, Result<(), Error>> {
+            self.inner.penalize_host(host, hold)
+        }
+
+        fn coordination(&self, _: sealed::Token) -> Option<&dyn sealed::Coordination> {
+            Some(self)
+        }
+    }
+
+    impl sealed::Coordination for Returning {
+        fn answers_for(&self, _: &HostKey) -> bool {
+            self.up.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Every host served by this replica alone during an outage, from
+    /// `from` (once the others know it is cut off; at once when `None`).
+    #[derive(Debug)]
+    struct CutOff {
+        from: Option<Instant>,
+    }
+
+    impl OutagePlan for CutOff {
+        fn plan(&self, _: &HostKey) -> Plan {
+            Plan::Own
+        }
+
+        fn alone_from(&self, _: Plan) -> Option<Instant> {
+            self.from
+        }
+    }
+
+    fn host() -> HostKey {
+        HostKey::parse("http://a.test/").unwrap()
+    }
+
+    /// Regression (a Cluster failover mid-crawl): an acquire waiting to send
+    /// on its own slept until the others knew it was cut off, and no call
+    /// of its replica found the primary back meanwhile; the others, back
+    /// on it at their whole limits, then had the host's whole cap in
+    /// flight when it sent beside them. It asks the primary again while it
+    /// waits, and the primary admits it.
+    #[tokio::test(start_paused = true)]
+    async fn a_primary_back_while_an_acquire_waits_to_send_alone_admits_it() {
+        let up = Arc::new(AtomicBool::new(false));
+        let timed_out = || Error::unavailable(Op::Acquire, "timed out");
+        let start = Instant::now();
+        let plan = CutOff {
+            from: Some(start + 2500 * MS),
+        };
+        let limiter = FallbackLimiter::new(Returning::new(&up, timed_out, false), unpaced())
+            .with_outage_plan(Arc::new(plan));
+        let back = Arc::clone(&up);
+        tokio::spawn(async move {
+            tokio::time::sleep(300 * MS).await;
+            back.store(true, Ordering::SeqCst);
+        });
+        let permit = limiter.acquire_host("t", host(), None).await.unwrap();
+        // Asked at once, after 250 ms (still away), and after 500 ms.
+        assert_eq!(start.elapsed(), 2 * ASK_AGAIN);
+        assert_eq!(limiter.primary().admitted.load(Ordering::SeqCst), 1);
+        assert_eq!(limiter.in_process_admissions(), 0);
+        drop(permit);
+    }
+
+    /// Regression (the same failover): an acquire whose call the circuit
+    /// skipped, while another call of its replica probed the primary and
+    /// found it back, sent at its share at once. It asks again.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_skipped_while_a_probe_found_the_primary_back_is_asked_again() {
+        let up = Arc::new(AtomicBool::new(false));
+        let skipped = || Error::unavailable(Op::Acquire, crate::error::Skipped);
+        let primary = Returning::new(&up, skipped, true);
+        let limiter = FallbackLimiter::new(primary, unpaced())
+            .with_outage_plan(Arc::new(CutOff { from: None }));
+        // The first call is skipped; the probe beside it answers meanwhile.
+        let start = Instant::now();
+        let permit = limiter.acquire_host("t", host(), None).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(limiter.primary().admitted.load(Ordering::SeqCst), 1);
+        assert_eq!(limiter.in_process_admissions(), 0);
+        drop(permit);
+
+        // Skipped while the primary's part for the host does not answer:
+        // sent in-process at once, as before.
+        let up = Arc::new(AtomicBool::new(false));
+        let away = Returning::new(&up, skipped, false);
+        let limiter =
+            FallbackLimiter::new(away, unpaced()).with_outage_plan(Arc::new(CutOff { from: None }));
+        let start = Instant::now();
+        let permit = limiter.acquire_host("t", host(), None).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(limiter.in_process_admissions(), 1);
+        drop(permit);
     }
 }

@@ -63,10 +63,7 @@ impl CallError {
     /// The error a caller of `op` sees.
     pub(super) fn into_error(self, op: Op) -> Error {
         match self {
-            Self::Skipped => Error::unavailable(
-                op,
-                "Redis failed to answer moments ago; it is asked again once a second",
-            ),
+            Self::Skipped => Error::unavailable(op, crate::error::Skipped),
             Self::Failed { err, .. } => match super::misconfig::diagnose(&err) {
                 Some(cause) => Error::Misconfigured {
                     op,

@@ -332,6 +332,12 @@ impl sealed::Coordination for RedisLimiter {
         self.core.backend.answered_since(at)
     }
 
+    fn answers_for(&self, host: &HostKey) -> bool {
+        let settings = &self.core.settings;
+        let gate = settings.keys(&settings.policies.key(host)).gate;
+        self.core.backend.circuit(&gate).closed()
+    }
+
     fn failure_domain(&self, host: &HostKey) -> u32 {
         let settings = &self.core.settings;
         self.core

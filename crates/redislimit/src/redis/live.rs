@@ -531,6 +531,10 @@ impl Coordination for LiveLimiter {
     fn answered_since(&self, at: Instant) -> bool {
         coordination(&*self.live.current().limiter).is_some_and(|c| c.answered_since(at))
     }
+
+    fn answers_for(&self, host: &HostKey) -> bool {
+        coordination(&*self.live.current().limiter).is_some_and(|c| c.answers_for(host))
+    }
 }
 
 impl fmt::Debug for LiveLimiter {
