@@ -94,6 +94,11 @@ pub(super) struct Registry {
     /// was sent, and whether the others have read it (see
     /// [`KNOWN_AFTER`] and [`Registry::unread`]).
     standing: Mutex<Option<Standing>>,
+    /// When the registry was last read, and when it was read again after
+    /// a break long enough for the others' entries to be forgotten (or
+    /// Redis lost this replica's entry): for `keep` from then, the
+    /// replicas it knew before stay in its roster (see [`Registry::read`]).
+    reads: Mutex<Reads>,
 }
 
 /// An unbroken run of answered renewals: `since` the first was sent, the
@@ -112,6 +117,16 @@ struct Standing {
     /// entry (register.lua reads after it writes), so that replica counts
     /// it once it took in the reply.
     read: bool,
+}
+
+/// When the registry was read (see `Registry::reads`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Reads {
+    /// The last time.
+    last: Option<Instant>,
+    /// The last time after a break (or with this replica's entry added
+    /// again).
+    back: Option<Instant>,
 }
 
 /// The other replicas whose entry lapsed.
@@ -161,6 +176,7 @@ impl Registry {
             any_lapsed: AtomicBool::new(false),
             renewed: Mutex::new(None),
             standing: Mutex::new(None),
+            reads: Mutex::new(Reads::default()),
         }
     }
 
@@ -365,9 +381,33 @@ impl Registry {
     }
 
     /// Takes in what the registry holds.
+    ///
+    /// Back from a break of its own renewals long enough for the others to
+    /// forget it, a replica keeps the replicas it knew before in its roster
+    /// for `keep`: the outage may have been everyone's (Redis away, a
+    /// Cluster master failing over), and the others come back one by one,
+    /// each a circuit's probe and a heartbeat later, their entries gone
+    /// meanwhile. Planning from the registry alone, the first one back
+    /// found only itself and, were Redis to fail it again, paced alone at
+    /// the whole limits beside them.
     fn read(&self, roll: Roll) {
         let mut ids: Vec<String> = roll.live.iter().chain(&roll.lapsed).cloned().collect();
         ids.push(self.id.clone());
+        let now = Instant::now();
+        let back = {
+            let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+            let gap = reads.last.map(|at| now.saturating_duration_since(at));
+            if gap.is_some_and(|gap| gap > self.keep || roll.added) {
+                reads.back = Some(now);
+            }
+            reads.last = Some(now);
+            reads.back
+        };
+        if back.is_some_and(|at| now < at + self.keep)
+            && let Some(before) = self.peers()
+        {
+            ids.extend(before.iter().cloned());
+        }
         ids.sort();
         ids.dedup();
         let ids: Arc<[String]> = ids.into();
@@ -974,6 +1014,58 @@ mod tests {
             &roll_at(&registry, 40 * S + hb, &[("new", 40 * S + 1)]),
         );
         assert!(!registry.unread());
+    }
+
+    /// Regression (a Cluster master failing over mid-crawl): back after an
+    /// outage that outlasted the others' memory of its entry, a replica
+    /// read a registry the others had not renewed in yet, planned alone,
+    /// and when the new master then did not answer within its turn, sent
+    /// at the whole limits beside them. It keeps the replicas it knew for
+    /// `keep`, then goes by the registry.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_back_from_a_long_outage_keeps_the_replicas_it_knew_for_a_while() {
+        let registry = Registry::new("p", "s", Duration::from_secs(4));
+        let three = roll_at(
+            &registry,
+            10 * S,
+            &[("a", 10 * S - 100), ("b", 10 * S - 200)],
+        );
+        registry.stand(Instant::now(), &three);
+        registry.read(three);
+        let size = || registry.peers().map_or(0, |p| p.len());
+        assert_eq!(size(), 3);
+        // Redis away for 5 s, for every replica: back, this one reads the
+        // registry (its circuit still open: no renewal), which names no one.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        registry.read(Roll::default());
+        assert_eq!(size(), 3, "the replicas it knew were dropped at once");
+        // Its next renewal adds its entry again; still no one else.
+        tokio::time::advance(HEARTBEAT).await;
+        let alone = Roll {
+            added: true,
+            ..roll_at(&registry, 15 * S, &[])
+        };
+        registry.stand(Instant::now(), &alone);
+        registry.read(alone);
+        assert_eq!(size(), 3);
+        // One of them is back; the other is still away.
+        tokio::time::advance(HEARTBEAT).await;
+        let two = roll_at(&registry, 15 * S + 500_000, &[("a", 15 * S + 400_000)]);
+        registry.stand(Instant::now(), &two);
+        registry.read(two);
+        assert_eq!(size(), 3);
+        // `keep` after its return, the registry alone says.
+        tokio::time::advance(registry.keep).await;
+        let later = roll_at(&registry, 18 * S, &[("a", 18 * S - 100)]);
+        registry.stand(Instant::now(), &later);
+        registry.read(later);
+        assert_eq!(size(), 2);
+        // Its first start was no return: nothing before it to keep.
+        let fresh = Registry::new("p", "s", Duration::from_secs(4));
+        let first = roll_at(&fresh, 20 * S, &[]);
+        fresh.stand(Instant::now(), &first);
+        fresh.read(first);
+        assert_eq!(fresh.peers().map_or(0, |p| p.len()), 1);
     }
 
     /// Regression: a replica took itself to be read by the replicas live
