@@ -262,6 +262,13 @@ impl Agreement {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
+    /// Whether an acquire's check of the record goes through to the node
+    /// holding it: the limiter agreed with it before (a node away then
+    /// skips nothing), or that node's circuit is closed.
+    pub(super) fn answers(&self, backend: &Backend) -> bool {
+        self.agreed_before() || backend.circuit(&self.key).closed()
+    }
+
     /// Whether this limiter agreed with the record, and was not refused
     /// (or idle) since.
     fn agreed_before(&self) -> bool {

@@ -335,7 +335,8 @@ impl sealed::Coordination for RedisLimiter {
     fn answers_for(&self, host: &HostKey) -> bool {
         let settings = &self.core.settings;
         let gate = settings.keys(&settings.policies.key(host)).gate;
-        self.core.backend.circuit(&gate).closed()
+        // An acquire may also be skipped on the configuration record's node.
+        self.core.backend.circuit(&gate).closed() && self.core.agreement.answers(&self.core.backend)
     }
 
     fn failure_domain(&self, host: &HostKey) -> u32 {

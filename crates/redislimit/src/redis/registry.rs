@@ -119,14 +119,19 @@ struct Standing {
     read: bool,
 }
 
-/// When the registry was read (see `Registry::reads`).
-#[derive(Debug, Default, Clone, Copy)]
+/// When the registry was read, and what it named (see `Registry::reads`).
+#[derive(Debug, Default)]
 struct Reads {
     /// The last time.
     last: Option<Instant>,
+    /// The replicas it named then (this one included, sorted).
+    read: Option<Arc<[String]>>,
     /// The last time after a break (or with this replica's entry added
     /// again).
     back: Option<Instant>,
+    /// The replicas it named at the last read before that break, kept in
+    /// the roster for `keep` from `back`.
+    before: Option<Arc<[String]>>,
 }
 
 /// The other replicas whose entry lapsed.
@@ -393,25 +398,13 @@ impl Registry {
     fn read(&self, roll: Roll) {
         let mut ids: Vec<String> = roll.live.iter().chain(&roll.lapsed).cloned().collect();
         ids.push(self.id.clone());
-        let now = Instant::now();
-        let back = {
-            let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-            let gap = reads.last.map(|at| now.saturating_duration_since(at));
-            if gap.is_some_and(|gap| gap > self.keep || roll.added) {
-                reads.back = Some(now);
-            }
-            reads.last = Some(now);
-            reads.back
-        };
-        if back.is_some_and(|at| now < at + self.keep)
-            && let Some(before) = self.peers()
-        {
-            ids.extend(before.iter().cloned());
-        }
         ids.sort();
         ids.dedup();
         let ids: Arc<[String]> = ids.into();
-        *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&ids));
+        let roster = self.roster_after_a_break(&roll, &ids);
+        *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(roster);
+        // The others plan from what the registry held at their last
+        // renewal: their rosters are rebuilt from it alone.
         let others: Arc<[Absent]> = absent(&roll, &ids, ENTRY_TTL)
             .filter(|absent| absent.id != self.id)
             .collect();
@@ -434,6 +427,39 @@ impl Registry {
             kept: kept.into(),
             last: others,
         };
+    }
+
+    /// The roster of this replica's outage plans, from `ids` (what `roll`,
+    /// just read, names) and, for `keep` after a read that follows a break
+    /// longer than `keep` (or a renewal that added its entry again), the
+    /// replicas the registry named at the last read before the break,
+    /// less those `roll` says left since (see [`Registry::read`]).
+    fn roster_after_a_break(&self, roll: &Roll, ids: &Arc<[String]>) -> Arc<[String]> {
+        let now = Instant::now();
+        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+        let gap = reads.last.map(|at| now.saturating_duration_since(at));
+        let kept = reads.back.is_some_and(|at| now < at + self.keep) && reads.before.is_some();
+        // A break within the `keep` after another (its entry added again
+        // at the first renewal after it, say) keeps the roster from before
+        // the first: the window is not drawn out.
+        if gap.is_some_and(|gap| gap > self.keep || roll.added) && !kept {
+            reads.back = Some(now);
+            reads.before = reads.read.take();
+        }
+        reads.last = Some(now);
+        reads.read = Some(Arc::clone(ids));
+        let known = match (reads.back, &reads.before) {
+            (Some(back), Some(before)) if now < back + self.keep => before,
+            _ => {
+                reads.before = None;
+                return Arc::clone(ids);
+            }
+        };
+        let mut roster: Vec<String> = ids.to_vec();
+        roster.extend(known.iter().filter(|id| !roll.left.contains(id)).cloned());
+        roster.sort();
+        roster.dedup();
+        roster.into()
     }
 
     /// Takes this replica's entry out of the registry (it closes): the
@@ -1054,6 +1080,15 @@ mod tests {
         registry.stand(Instant::now(), &two);
         registry.read(two);
         assert_eq!(size(), 3);
+        // A replica it knew left meanwhile (it closed): not kept.
+        let left = Roll {
+            left: vec!["b".to_owned()],
+            left_joined: vec![1],
+            left_at: vec![15 * S + 450_000],
+            ..roll_at(&registry, 15 * S + 600_000, &[("a", 15 * S + 400_000)])
+        };
+        registry.read(left);
+        assert_eq!(size(), 2, "a replica that left is kept");
         // `keep` after its return, the registry alone says.
         tokio::time::advance(registry.keep).await;
         let later = roll_at(&registry, 18 * S, &[("a", 18 * S - 100)]);
