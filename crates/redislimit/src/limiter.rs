@@ -397,6 +397,16 @@ pub(crate) mod sealed {
             let _ = host;
             false
         }
+
+        /// Probes the part of the shared backend serving `host` when it
+        /// failed to answer moments ago and is due to be asked again (a
+        /// cheap call, nothing admitted), so that an answer closes its
+        /// circuit. Nothing by default.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        fn probe_host<'a>(&'a self, host: &HostKey) -> BoxFuture<'a, ()> {
+            let _ = host;
+            Box::pin(std::future::ready(()))
+        }
     }
 }
 

@@ -21,14 +21,14 @@ use crate::pacing::after;
 use crate::permit::Unsent;
 use crate::{DomainLimiter, Error, Hooks, HostKey, Limiter, Permit, RequestPacing, WaitOutcome};
 
-/// How soon an acquire asks the primary again while it waits to send on
-/// its own (until the replicas still on the primary know this one is cut
-/// off), and at most how often after a call skipped while another call
-/// probed the primary and found it back. Only a call finds the primary
-/// back (the circuit lets one through as its probe once a second), and
-/// the replicas back on it meanwhile admit at their whole limits once
-/// their share's grace ends: a send at this replica's share would go
-/// beside them.
+/// How often an acquire probes the primary for its host while it waits to
+/// send on its own (until the replicas still on the primary know this one
+/// is cut off), and at most how often it asks again after a call skipped
+/// while another call probed the primary and found it back. Only a call
+/// finds the primary back (the circuit lets one through as its probe once
+/// a second), and the replicas back on it meanwhile admit at their whole
+/// limits once their share's grace ends: a send at this replica's share
+/// would go beside them.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 
 /// What one acquire of a `FallbackLimiter` works with: its parts, borrowed.
@@ -230,17 +230,19 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
             // or alone while a replica it has not seen yet may be sending)
             // waits until the replicas still on the primary know this one
             // is cut off, and keep its share free.
-            // Meanwhile it asks the primary again every `ASK_AGAIN`:
-            // the primary may be back (the others may be back on it, at
-            // their whole limits), and only a call finds that out.
+            // Meanwhile it probes the primary for the host every
+            // `ASK_AGAIN`, so that the primary, if it is back (the others
+            // may be back on it, at their whole limits), is asked when the
+            // wait ends rather than skipped. The wait keeps its length: a
+            // primary back empty knows nothing of what was in flight when
+            // it went.
             let alone_from = self.outage.and_then(|o| o.alone_from(plan));
             if let Some(from) = alone_from
                 && from > now
             {
                 drop((local, turn));
-                let recheck = from.min(after(now, ASK_AGAIN));
                 if let Some(deadline) = deadline
-                    && recheck > deadline
+                    && from > deadline
                 {
                     tokio::time::sleep_until(deadline).await;
                     let now = Instant::now();
@@ -250,7 +252,18 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                     cut_off = true;
                     tracing::debug!(host = %host, "cut off from the primary: waiting until the other replicas know");
                 }
-                tokio::time::sleep_until(recheck).await;
+                let coordination = crate::limiter::coordination(&**self.primary);
+                let mut next = after(now, ASK_AGAIN);
+                while let Some(c) = coordination
+                    && next < from
+                {
+                    tokio::time::sleep_until(next).await;
+                    // Bounded by the wait: a primary without timeouts
+                    // cannot hold it past `from`.
+                    let _ = tokio::time::timeout_at(from, c.probe_host(&host)).await;
+                    next = after(Instant::now(), ASK_AGAIN);
+                }
+                tokio::time::sleep_until(from).await;
                 continue;
             }
             // (A cap the host stated since the turn was taken, of which
@@ -641,14 +654,19 @@ mod tests {
 
     /// A primary that is away until `up` is set, then admits through an
     /// in-process limiter, counting what it admitted; it answers for every
-    /// host while `up` is set. While away, its calls fail as `away` makes them
-    /// (timed out, or skipped by its circuit); `probed`: whether another
-    /// call finds it back while the first one fails (`up` is then set).
+    /// host while `up` is set. While away, its calls fail as `away` makes
+    /// them (timed out, or skipped by its circuit); `probed`: whether
+    /// another call finds it back while the first one fails (`up` is then
+    /// set). With `ahead` set, it is reachable (`up` is then set) only
+    /// once `probe_host` has run after `ahead`, as a circuit that other
+    /// calls skip until a probe closes it.
     #[derive(Debug)]
     struct Returning {
         up: Arc<AtomicBool>,
         away: fn() -> Error,
         probed: bool,
+        ahead: Option<Instant>,
+        probes: AtomicUsize,
         inner: DomainLimiter,
         admitted: AtomicUsize,
     }
@@ -659,6 +677,8 @@ mod tests {
                 up: Arc::clone(up),
                 away,
                 probed,
+                ahead: None,
+                probes: AtomicUsize::new(0),
                 inner: unpaced(),
                 admitted: AtomicUsize::new(0),
             }
@@ -708,6 +728,14 @@ mod tests {
         fn answers_for(&self, _: &HostKey) -> bool {
             self.up.load(Ordering::SeqCst)
         }
+
+        fn probe_host<'a>(&'a self, _: &HostKey) -> BoxFuture<'a, ()> {
+            self.probes.fetch_add(1, Ordering::SeqCst);
+            if self.ahead.is_some_and(|at| Instant::now() >= at) {
+                self.up.store(true, Ordering::SeqCst);
+            }
+            Box::pin(std::future::ready(()))
+        }
     }
 
     /// Every host served by this replica alone during an outage, from
@@ -733,30 +761,35 @@ mod tests {
 
     /// Regression (a Cluster failover mid-crawl): an acquire waiting to send
     /// on its own slept until the others knew it was cut off, and no call
-    /// of its replica found the primary back meanwhile; the others, back
-    /// on it at their whole limits, then had the host's whole cap in
-    /// flight when it sent beside them. It asks the primary again while it
-    /// waits, and the primary admits it.
+    /// of its replica found the primary back meanwhile; when the wait
+    /// ended, another call took the circuit's probe, this one was skipped
+    /// and sent at its share, beside the others back on the primary at
+    /// their whole limits. It probes the primary while it waits (the wait
+    /// keeps its length), and the primary admits it when the wait ends.
     #[tokio::test(start_paused = true)]
     async fn a_primary_back_while_an_acquire_waits_to_send_alone_admits_it() {
         let up = Arc::new(AtomicBool::new(false));
-        let timed_out = || Error::unavailable(Op::Acquire, "timed out");
+        let skipped = || Error::unavailable(Op::Acquire, crate::error::Skipped);
         let start = Instant::now();
         let plan = CutOff {
             from: Some(start + 2500 * MS),
         };
-        let limiter = FallbackLimiter::new(Returning::new(&up, timed_out, false), unpaced())
-            .with_outage_plan(Arc::new(plan));
-        let back = Arc::clone(&up);
-        tokio::spawn(async move {
-            tokio::time::sleep(300 * MS).await;
-            back.store(true, Ordering::SeqCst);
-        });
+        let primary = Returning {
+            ahead: Some(start + 300 * MS),
+            ..Returning::new(&up, skipped, false)
+        };
+        let limiter = FallbackLimiter::new(primary, unpaced()).with_outage_plan(Arc::new(plan));
         let permit = limiter.acquire_host("t", host(), None).await.unwrap();
-        // Asked at once, after 250 ms (still away), and after 500 ms.
-        assert_eq!(start.elapsed(), 2 * ASK_AGAIN);
+        assert_eq!(
+            start.elapsed(),
+            2500 * MS,
+            "the wait did not keep its length"
+        );
         assert_eq!(limiter.primary().admitted.load(Ordering::SeqCst), 1);
         assert_eq!(limiter.in_process_admissions(), 0);
+        // Probed every 250 ms through the wait (a Redis circuit makes a
+        // probe nothing once it answers).
+        assert_eq!(limiter.primary().probes.load(Ordering::SeqCst), 9);
         drop(permit);
     }
 

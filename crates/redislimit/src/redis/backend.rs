@@ -222,6 +222,20 @@ impl Backend {
         answered != 0 && u128::from(answered) >= since
     }
 
+    /// Probes the node serving `key` when its circuit holds calls off and
+    /// is due to be asked again (`EXISTS key`: nothing changes), so that
+    /// an answer closes the circuit; nothing when it answers, or another
+    /// call probes it.
+    pub(super) async fn probe(&self, key: &str) {
+        let circuit = self.circuits.of(key);
+        if circuit.closed() || circuit.open() {
+            return;
+        }
+        let mut exists = deadpool_redis::redis::cmd("EXISTS");
+        exists.arg(key);
+        let _ = self.command::<i64>(key, &exists).await;
+    }
+
     /// `PING`.
     pub(super) async fn ping(&self) -> Result<(), CallError> {
         let pong = self

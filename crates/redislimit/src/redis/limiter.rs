@@ -339,6 +339,12 @@ impl sealed::Coordination for RedisLimiter {
         self.core.backend.circuit(&gate).closed() && self.core.agreement.answers(&self.core.backend)
     }
 
+    fn probe_host<'a>(&'a self, host: &HostKey) -> BoxFuture<'a, ()> {
+        let settings = &self.core.settings;
+        let gate = settings.keys(&settings.policies.key(host)).gate;
+        Box::pin(async move { self.core.backend.probe(&gate).await })
+    }
+
     fn failure_domain(&self, host: &HostKey) -> u32 {
         let settings = &self.core.settings;
         self.core

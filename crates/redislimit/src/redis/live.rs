@@ -535,6 +535,16 @@ impl Coordination for LiveLimiter {
     fn answers_for(&self, host: &HostKey) -> bool {
         coordination(&*self.live.current().limiter).is_some_and(|c| c.answers_for(host))
     }
+
+    fn probe_host<'a>(&'a self, host: &HostKey) -> BoxFuture<'a, ()> {
+        let host = host.clone();
+        Box::pin(async move {
+            let current = self.live.current();
+            if let Some(c) = coordination(&*current.limiter) {
+                c.probe_host(&host).await;
+            }
+        })
+    }
 }
 
 impl fmt::Debug for LiveLimiter {
