@@ -8,6 +8,7 @@ mod adoption;
 mod limiter;
 mod plan;
 mod shares;
+mod turn;
 
 pub use self::limiter::FallbackLimiter;
 #[cfg(feature = "redis")]

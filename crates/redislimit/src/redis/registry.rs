@@ -26,7 +26,7 @@ use super::agreement::Agreement;
 use super::backend::Backend;
 use super::keys::RedisKeys;
 use super::lifecycle::Lifecycle;
-use super::roster::{Absent, Roster, Turns, absent, plan_for};
+use super::roster::{Absent, Reads, Roster, Turns, absent, plan_for};
 use super::scripts::register::Roll;
 use super::settings::{Args, Mode, Settings};
 use crate::HostKey;
@@ -97,7 +97,7 @@ pub(super) struct Registry {
     /// When the registry was last read, and when it was read again after
     /// a break long enough for the others' entries to be forgotten (or
     /// Redis lost this replica's entry): for `keep` from then, the
-    /// replicas it knew before stay in its roster (see [`Registry::read`]).
+    /// replicas it named before stay in its roster (see [`Registry::read`]).
     reads: Mutex<Reads>,
 }
 
@@ -117,21 +117,6 @@ struct Standing {
     /// entry (register.lua reads after it writes), so that replica counts
     /// it once it took in the reply.
     read: bool,
-}
-
-/// When the registry was read, and what it named (see `Registry::reads`).
-#[derive(Debug, Default)]
-struct Reads {
-    /// The last time.
-    last: Option<Instant>,
-    /// The replicas it named then (this one included, sorted).
-    read: Option<Arc<[String]>>,
-    /// The last time after a break (or with this replica's entry added
-    /// again).
-    back: Option<Instant>,
-    /// The replicas it named at the last read before that break, kept in
-    /// the roster for `keep` from `back`.
-    before: Option<Arc<[String]>>,
 }
 
 /// The other replicas whose entry lapsed.
@@ -387,21 +372,27 @@ impl Registry {
 
     /// Takes in what the registry holds.
     ///
-    /// Back from a break of its own renewals long enough for the others to
-    /// forget it, a replica keeps the replicas it knew before in its roster
-    /// for `keep`: the outage may have been everyone's (Redis away, a
-    /// Cluster master failing over), and the others come back one by one,
-    /// each a circuit's probe and a heartbeat later, their entries gone
-    /// meanwhile. Planning from the registry alone, the first one back
-    /// found only itself and, were Redis to fail it again, paced alone at
-    /// the whole limits beside them.
+    /// Reading it again after a break longer than the registry keeps a
+    /// lapsed entry (or with its entry added again), a replica keeps the
+    /// replicas the registry named before the break (less those that left
+    /// since) in its roster for `keep` (see `Reads::roster`): the
+    /// outage may have been everyone's (Redis away, a Cluster master
+    /// failing over), and the others come back one by one, each a
+    /// circuit's probe and a heartbeat later, their entries gone meanwhile.
+    /// Planning from the registry alone, the first one back found only
+    /// itself and, were Redis to fail it again, paced alone at the whole
+    /// limits beside them.
     fn read(&self, roll: Roll) {
         let mut ids: Vec<String> = roll.live.iter().chain(&roll.lapsed).cloned().collect();
         ids.push(self.id.clone());
         ids.sort();
         ids.dedup();
         let ids: Arc<[String]> = ids.into();
-        let roster = self.roster_after_a_break(&roll, &ids);
+        let roster = self
+            .reads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .roster(Instant::now(), self.keep, &roll, &ids);
         *self.peers.lock().unwrap_or_else(PoisonError::into_inner) = Some(roster);
         // The others plan from what the registry held at their last
         // renewal: their rosters are rebuilt from it alone.
@@ -427,39 +418,6 @@ impl Registry {
             kept: kept.into(),
             last: others,
         };
-    }
-
-    /// The roster of this replica's outage plans, from `ids` (what `roll`,
-    /// just read, names) and, for `keep` after a read that follows a break
-    /// longer than `keep` (or a renewal that added its entry again), the
-    /// replicas the registry named at the last read before the break,
-    /// less those `roll` says left since (see [`Registry::read`]).
-    fn roster_after_a_break(&self, roll: &Roll, ids: &Arc<[String]>) -> Arc<[String]> {
-        let now = Instant::now();
-        let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
-        let gap = reads.last.map(|at| now.saturating_duration_since(at));
-        let kept = reads.back.is_some_and(|at| now < at + self.keep) && reads.before.is_some();
-        // A break within the `keep` after another (its entry added again
-        // at the first renewal after it, say) keeps the roster from before
-        // the first: the window is not drawn out.
-        if gap.is_some_and(|gap| gap > self.keep || roll.added) && !kept {
-            reads.back = Some(now);
-            reads.before = reads.read.take();
-        }
-        reads.last = Some(now);
-        reads.read = Some(Arc::clone(ids));
-        let known = match (reads.back, &reads.before) {
-            (Some(back), Some(before)) if now < back + self.keep => before,
-            _ => {
-                reads.before = None;
-                return Arc::clone(ids);
-            }
-        };
-        let mut roster: Vec<String> = ids.to_vec();
-        roster.extend(known.iter().filter(|id| !roll.left.contains(id)).cloned());
-        roster.sort();
-        roster.dedup();
-        roster.into()
     }
 
     /// Takes this replica's entry out of the registry (it closes): the

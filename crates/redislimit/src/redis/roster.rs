@@ -1,15 +1,72 @@
 //! How a replica serves a host while Redis is unavailable, from what it
 //! knows of its peers (the registry it last read): plain functions of the
-//! roster, which every replica that read the same registry computes alike.
+//! roster, which every replica that read the same registry computes alike;
+//! and the roster a replica keeps through a break in its reads (`Reads`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
 use super::scripts::register::Roll;
 use crate::HostKey;
 use crate::fallback::{FallbackPolicy, Plan};
+
+/// When a replica read the registry, and what it named (see
+/// `Registry::reads`).
+#[derive(Debug, Default)]
+pub(super) struct Reads {
+    /// The last time.
+    last: Option<Instant>,
+    /// The replicas it named then (this one included, sorted).
+    read: Option<Arc<[String]>>,
+    /// The last time after a break (or with this replica's entry added
+    /// again).
+    back: Option<Instant>,
+    /// The replicas it named at the last read before that break, kept in
+    /// the roster for `keep` from `back`.
+    before: Option<Arc<[String]>>,
+}
+
+impl Reads {
+    /// The roster of a replica's outage plans as it reads the registry at
+    /// `now`: `ids` (what `roll` names) and, for `keep` after a read that
+    /// follows a break longer than `keep` (or a renewal that added its
+    /// entry again), the replicas the registry named at the last read
+    /// before the break, less those `roll` says left since.
+    pub(super) fn roster(
+        &mut self,
+        now: Instant,
+        keep: Duration,
+        roll: &Roll,
+        ids: &Arc<[String]>,
+    ) -> Arc<[String]> {
+        let gap = self.last.map(|at| now.saturating_duration_since(at));
+        let kept = self.back.is_some_and(|at| now < at + keep) && self.before.is_some();
+        // A break within the `keep` after another (its entry added again
+        // at the first renewal after it, say) keeps the roster from before
+        // the first: the window is not drawn out.
+        if gap.is_some_and(|gap| gap > keep || roll.added) && !kept {
+            self.back = Some(now);
+            self.before = self.read.take();
+        }
+        self.last = Some(now);
+        self.read = Some(Arc::clone(ids));
+        let known = match (self.back, &self.before) {
+            (Some(back), Some(before)) if now < back + keep => before,
+            _ => {
+                self.before = None;
+                return Arc::clone(ids);
+            }
+        };
+        let mut roster: Vec<String> = ids.to_vec();
+        roster.extend(known.iter().filter(|id| !roll.left.contains(id)).cloned());
+        roster.sort();
+        roster.dedup();
+        roster.into()
+    }
+}
 
 /// The turns of the replicas cut off from Redis that share a host, by
 /// their indexes among those dividing it (up to [`Turns::MAX`]; a set of
