@@ -152,7 +152,6 @@ impl Error {
     /// Whether this is [`Error::Unavailable`] for a call that was not made:
     /// the backend failed to answer moments ago, and only one call a second
     /// asks it again (see [`Skipped`]).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn is_skipped(&self) -> bool {
         matches!(self, Self::Unavailable { source, .. } if source.is::<Skipped>())
     }

@@ -392,7 +392,6 @@ pub(crate) mod sealed {
         /// Whether the part of the shared backend serving `host` is taken
         /// to answer now: its last call answered (a Redis circuit that is
         /// closed). False by default.
-        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
         fn answers_for(&self, host: &HostKey) -> bool {
             let _ = host;
             false
@@ -402,7 +401,6 @@ pub(crate) mod sealed {
         /// failed to answer moments ago and is due to be asked again (a
         /// cheap call, nothing admitted), so that an answer closes its
         /// circuit. Nothing by default.
-        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
         fn probe_host<'a>(&'a self, host: &HostKey) -> BoxFuture<'a, ()> {
             let _ = host;
             Box::pin(std::future::ready(()))
