@@ -7,6 +7,7 @@
 //! loopback by this package's harness.
 
 mod admissions;
+mod client_cost;
 mod contention;
 mod crawl_memory;
 mod fairness;
@@ -153,6 +154,9 @@ fn main() {
         }
         if wanted("admissions") {
             figures.extend(admissions::run().await);
+        }
+        if wanted("client_cost") {
+            figures.extend(client_cost::run().await);
         }
         if wanted("contention") {
             figures.extend(contention::run().await);
