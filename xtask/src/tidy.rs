@@ -6,9 +6,12 @@
 //! - no source file under `crates/*/src` is longer than [`MAX_LINES`] lines, not counting
 //!   an inline test module (from its `#[cfg(test)]` to the end of the file);
 //! - no two modules of one crate under `crates/*/src` import each other (see
-//!   [`imports`]): a layer imports the layers below it, never the other way round.
+//!   [`imports`]): a layer imports the layers below it, never the other way round;
+//! - no module of a binary built with `test = false` holds a test (see [`untested`]):
+//!   `cargo test` never runs it.
 
 mod imports;
+mod untested;
 
 use std::{
     fs,
@@ -62,6 +65,7 @@ fn problems(root: &Path) -> Vec<String> {
         }
     }
     problems.extend(imports::cycles(root, &files));
+    problems.extend(untested::tests_in_untested_bins(root, &SOURCE_DIRS));
     problems
 }
 
@@ -245,6 +249,44 @@ mod tests {
             found[1].starts_with("crates/a/src/b.rs and crates/a/src/c.rs import each other"),
             "{found:#?}"
         );
+    }
+
+    #[test]
+    fn a_test_in_a_binary_built_without_its_test_harness_is_refused() {
+        let ws = Scratch::new("untested");
+        let manifest = |test: &str| {
+            format!(
+                "[package]\nname = \"a\"\n\n[[bin]]\nname = \"tool\"\npath = \"src/bin/tool/main.rs\"\n{test}\n[dependencies]\n"
+            )
+        };
+        ws.write("crates/a/Cargo.toml", &manifest("test = false"));
+        ws.write(
+            "crates/a/src/lib.rs",
+            "//! A.\n#![forbid(unsafe_code)]\n#[cfg(test)]\nmod tests {}\n",
+        );
+        ws.write(
+            "crates/a/src/bin/tool/main.rs",
+            "//! Tool.\nmod cli;\nfn main() {}\n",
+        );
+        ws.write(
+            "crates/a/src/bin/tool/cli.rs",
+            "//! Cli.\npub(crate) mod parse;\n",
+        );
+        ws.write(
+            "crates/a/src/bin/tool/cli/parse.rs",
+            "//! Parse.\n#[test]\nfn parses() {}\n",
+        );
+        let found = problems(&ws.0);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].starts_with(
+                "crates/a/src/bin/tool/cli/parse.rs: holds a test, but the binary `tool`"
+            ),
+            "{found:#?}"
+        );
+        // With its test harness, the same binary's tests run: nothing to say.
+        ws.write("crates/a/Cargo.toml", &manifest(""));
+        assert_eq!(problems(&ws.0), Vec::<String>::new());
     }
 
     #[test]
