@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use redislimit::{Limiter, RedisLimiter};
 use redislimit_tests::RedisServer;
+use redislimit_tests::keys::HostKeys;
 use redislimit_tests::record::{Recorder, assert_serialized};
 
 use crate::{MS, bounded, host, limiter, on_own_runtime, standalone};
@@ -210,5 +211,46 @@ struct Errors(std::sync::Mutex<Vec<String>>);
 impl redislimit::Hooks for Errors {
     fn on_error(&self, op: redislimit::Op, error: &redislimit::Error) {
         self.0.lock().unwrap().push(format!("{op}: {error:?}"));
+    }
+}
+
+/// A crowd of completions goes back gathered into pipelines: three hundred
+/// permits dropped at once all give their leases back, one whose lease set
+/// became garbage while it was held among them (its `ZREM` refused in the
+/// pipeline, the script replaces the garbage on its own), and `close`
+/// waits for every one to land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_completions_gives_every_lease_back() {
+    let server = RedisServer::start();
+    let l = Arc::new(limiter(
+        standalone(&server.url()),
+        |p| p,
+        |b| b.cluster_concurrency(1),
+    ));
+    let names: Vec<String> = (0..300).map(|i| format!("crowd{i}.test")).collect();
+    let mut acquiring = tokio::task::JoinSet::new();
+    for name in &names {
+        let (l, name) = (Arc::clone(&l), name.clone());
+        acquiring.spawn(async move { l.acquire_host("t", host(&name), None).await.unwrap() });
+    }
+    let permits = bounded(10, acquiring.join_all()).await;
+    let keys: Vec<HostKeys> = names.iter().map(|n| HostKeys::of("test", n)).collect();
+    for k in &keys {
+        assert_eq!(server.command(&["ZCARD", &k.leases]).trim(), ":1", "{k:?}");
+    }
+    server.command(&["SET", &keys[150].leases, "garbage"]);
+    drop(permits);
+    bounded(
+        10,
+        l.close(Some(tokio::time::Instant::now() + Duration::from_secs(5))),
+    )
+    .await
+    .expect("close: every release landed");
+    for k in &keys {
+        assert_eq!(
+            server.command(&["TYPE", &k.leases]).trim(),
+            "+none",
+            "a lease was not given back: {k:?}"
+        );
     }
 }

@@ -17,6 +17,7 @@ mod builder;
 mod circuit;
 mod clock;
 mod core;
+mod gathered;
 mod keys;
 mod lateness;
 mod lifecycle;

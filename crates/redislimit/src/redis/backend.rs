@@ -283,6 +283,20 @@ impl Backend {
         self.observe(&keys.gate, held)
     }
 
+    /// The completions of lease-mode requests `leases` in one pipeline, in
+    /// one release turn (see [`scripts::release::complete_leases`]);
+    /// observed by the whole of Redis's circuit (not used for a Cluster).
+    pub(super) async fn complete_leases(
+        &self,
+        leases: &[(&RedisKeys, &str, u32)],
+    ) -> Result<Vec<Option<bool>>, CallError> {
+        let _turn = self.releases.acquire().await;
+        let held = scripts::release::complete_leases(&self.redis, leases)
+            .await
+            .map_err(ScriptError::Query);
+        self.observe_in(self.circuits.whole(), held)
+    }
+
     /// renew.lua: whether the token still held its slot.
     pub(super) async fn renew(
         &self,

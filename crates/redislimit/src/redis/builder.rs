@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::agreement::Agreement;
 use super::backend::Backend;
 use super::core::{Core, Queues};
+use super::gathered::Gathered;
 use super::keys::check_name;
 use super::lateness::Lateness;
 use super::limiter::RedisLimiter;
@@ -333,6 +334,7 @@ impl RedisLimiterBuilder {
             renewals: Arc::new(Renewals::new(self.lease_ttl / 2)),
             lateness: Lateness::new(self.lease_ttl / 2),
             lifecycle: Arc::default(),
+            gathered: Gathered::default(),
         };
         Ok(RedisLimiter::from_core(core))
     }

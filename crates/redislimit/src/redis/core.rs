@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::agreement::Agreement;
 use super::backend::Backend;
+use super::gathered::Gathered;
 use super::lateness::Lateness;
 use super::lifecycle::Lifecycle;
 use super::registry::Registry;
@@ -31,6 +32,8 @@ pub(super) struct Core {
     /// for.
     pub(super) lateness: Lateness,
     pub(super) lifecycle: Arc<Lifecycle>,
+    /// Completed requests' releases, queued for the next pipeline.
+    pub(super) gathered: Gathered,
 }
 
 impl Drop for Core {

@@ -10,7 +10,7 @@ use deadpool_redis::redis::cluster::{ClusterClient, ClusterClientBuilder};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::{
     self, AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, FromRedisValue,
-    IntoConnectionInfo, RedisError, ServerErrorKind,
+    IntoConnectionInfo, Pipeline, RedisError, ServerErrorKind,
 };
 
 #[cfg(feature = "tls-rustls")]
@@ -455,15 +455,33 @@ impl Connections {
             Conn::Single(c) => cmd.query_async::<T>(c).await,
             Conn::Cluster(c) => cmd.query_async::<T>(c).await,
         };
-        result.map_err(|err| {
-            if should_discard(&err) {
-                let mut current = self.lock();
-                if current.0 == generation {
-                    current.1 = None;
-                }
+        result.map_err(|err| self.failed(generation, err))
+    }
+
+    /// Runs `pipe` on the shared connection, as [`Self::query`] runs a
+    /// command.
+    pub(crate) async fn query_pipe<T: FromRedisValue>(
+        &self,
+        pipe: &Pipeline,
+    ) -> Result<T, QueryError> {
+        let (generation, mut conn) = self.connection().await?;
+        let result = match &mut conn {
+            Conn::Single(c) => pipe.query_async::<T>(c).await,
+            Conn::Cluster(c) => pipe.query_async::<T>(c).await,
+        };
+        result.map_err(|err| self.failed(generation, err))
+    }
+
+    /// `err`, from a call on the connection of `generation`, which is
+    /// dropped (the next call connects again) when `err` says it is lost.
+    fn failed(&self, generation: u64, err: RedisError) -> QueryError {
+        if should_discard(&err) {
+            let mut current = self.lock();
+            if current.0 == generation {
+                current.1 = None;
             }
-            QueryError::Redis(err)
-        })
+        }
+        QueryError::Redis(err)
     }
 }
 

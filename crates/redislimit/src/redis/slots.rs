@@ -14,10 +14,11 @@ use tokio::time::Instant;
 
 use super::backend::CallError;
 use super::core::Core;
+use super::gathered::Queued;
 use super::keys::RedisKeys;
 use super::lifecycle::Pending;
 use super::renew::{Due, Lease, Renewal};
-use super::settings::Args;
+use super::settings::{Args, Mode};
 use crate::{Error, HostKey, Op, Permit};
 
 /// A random lease token; unique per acquire, so a late release of an
@@ -120,7 +121,9 @@ impl Due for Slot {
 }
 
 /// Sends the release of `ticket` (as `abandoned` when its request was never
-/// sent) on a task of `runtime`, counted as `pending` until it lands.
+/// sent), counted as `pending` until it lands: a completion in lease mode
+/// through one Redis with the others that queued meanwhile (see
+/// `gathered.rs`), any other on a task of `runtime` of its own.
 fn send_release(
     core: &Arc<Core>,
     pending: Pending,
@@ -128,11 +131,115 @@ fn send_release(
     ticket: &Ticket,
     abandoned: bool,
 ) {
-    let (core, ticket) = (Arc::clone(core), ticket.clone());
+    let gathers = !abandoned
+        && matches!(ticket.args.mode, Mode::Lease(_))
+        && !core.backend.pool().is_cluster();
+    if !gathers {
+        send_alone(core, pending, runtime, ticket.clone(), abandoned);
+        return;
+    }
+    let queued = Queued {
+        keys: Arc::clone(&ticket.keys),
+        token: Arc::clone(&ticket.token),
+        args: ticket.args,
+        pending,
+        runtime: runtime.clone(),
+    };
+    if core.gathered.push(queued) {
+        let core = Arc::clone(core);
+        runtime.spawn(async move { send_gathered(core).await });
+    }
+}
+
+/// The release of `ticket` on a task of `runtime` of its own.
+fn send_alone(
+    core: &Arc<Core>,
+    pending: Pending,
+    runtime: &Handle,
+    ticket: Ticket,
+    abandoned: bool,
+) {
+    let core = Arc::clone(core);
     runtime.spawn(async move {
         release(&core, &ticket, abandoned).await;
         pending.done();
     });
+}
+
+/// A completion gathered but not carried by a pipeline, released on its
+/// own (and retried as every release is).
+fn send_queued_alone(core: &Arc<Core>, queued: Queued) {
+    let ticket = Ticket {
+        keys: queued.keys,
+        token: queued.token,
+        args: queued.args,
+    };
+    send_alone(core, queued.pending, &queued.runtime, ticket, false);
+}
+
+/// The task that sends the gathered completions, one pipeline after
+/// another, until none is left.
+async fn send_gathered(core: Arc<Core>) {
+    let mut sending = Sending {
+        core: &core,
+        batch: Vec::new(),
+        finished: false,
+    };
+    loop {
+        sending.batch = core.gathered.take();
+        if sending.batch.is_empty() {
+            if core.gathered.stop() {
+                sending.finished = true;
+                return;
+            }
+            continue;
+        }
+        let leases: Vec<(&RedisKeys, &str, u32)> = sending
+            .batch
+            .iter()
+            .map(|q| (&*q.keys, &*q.token, q.args.weight))
+            .collect();
+        let held = core.backend.complete_leases(&leases).await;
+        drop(leases);
+        let batch = std::mem::take(&mut sending.batch);
+        match held {
+            Ok(held) => {
+                for (queued, held) in batch.into_iter().zip(held) {
+                    match held {
+                        Some(_) => queued.pending.done(),
+                        None => send_queued_alone(&core, queued),
+                    }
+                }
+            }
+            // Each is retried on its own, and reports its failure.
+            Err(_) => {
+                for queued in batch {
+                    send_queued_alone(&core, queued);
+                }
+            }
+        }
+    }
+}
+
+/// The sending task's releases in hand: when it is dropped unfinished (its
+/// runtime shut down), they, and those still queued, are released on their
+/// own permits' runtimes.
+struct Sending<'a> {
+    core: &'a Arc<Core>,
+    batch: Vec<Queued>,
+    finished: bool,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let queued = std::mem::take(&mut self.batch);
+        for queued in queued.into_iter().chain(self.core.gathered.abandon()) {
+            send_queued_alone(self.core, queued);
+        }
+    }
 }
 
 /// Returns `ticket`'s slot; `abandoned` when the caller never saw the
