@@ -254,3 +254,132 @@ async fn a_crowd_of_completions_gives_every_lease_back() {
         );
     }
 }
+
+/// A permit of a current-thread runtime releases on a task of that runtime
+/// alone, which runs only while something blocks on it: it must not be the
+/// one sending the completions gathered from another runtime, which would
+/// then wait with it. Here the current-thread runtime is left idle with its
+/// release unsent, and the other runtime's completions all land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_of_one_runtime_do_not_wait_for_an_idle_one() {
+    let server = RedisServer::start();
+    let l = Arc::new(limiter(
+        standalone(&server.url()),
+        |p| p,
+        |b| b.cluster_concurrency(1),
+    ));
+    // The limiter's own tasks (its heartbeat) start on this runtime.
+    drop(
+        bounded(5, l.acquire_host("t", host("warm.test"), None))
+            .await
+            .unwrap(),
+    );
+    let idle_runtime = {
+        let l = Arc::clone(&l);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let permit = rt
+                .block_on(l.acquire_host("t", host("idle.test"), None))
+                .unwrap();
+            // Dropped outside `block_on`: its release waits for the runtime
+            // to run again, which it does not until the end of the test.
+            drop(permit);
+            rt
+        })
+        .join()
+        .unwrap()
+    };
+    let idle = HostKeys::of("test", "idle.test");
+    let names: Vec<String> = (0..20).map(|i| format!("busy{i}.test")).collect();
+    for name in &names {
+        drop(
+            bounded(5, l.acquire_host("t", host(name), None))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(300 * MS).await;
+    for name in &names {
+        let k = HostKeys::of("test", name);
+        assert_eq!(
+            server.command(&["TYPE", &k.leases]).trim(),
+            "+none",
+            "a completion waited for the idle runtime: {k:?}"
+        );
+    }
+    // The idle runtime's own release is still on its way, as before.
+    assert_eq!(server.command(&["ZCARD", &idle.leases]).trim(), ":1");
+    // A runtime is dropped outside another's context.
+    std::thread::spawn(move || drop(idle_runtime))
+        .join()
+        .unwrap();
+}
+
+/// The task sending gathered completions runs on the runtime of the permit
+/// that found none sending. When that runtime shuts down with a pipeline on
+/// its way (here Redis is frozen, so it hangs), the completions of another
+/// runtime queued behind it are handed to their own runtime, and land once
+/// Redis answers again; only the dead runtime's own release is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_queued_behind_a_runtime_that_shuts_down_still_land() {
+    let server = RedisServer::start();
+    let l = Arc::new(limiter(
+        standalone(&server.url()),
+        |p| p,
+        |b| b.cluster_concurrency(1),
+    ));
+    drop(
+        bounded(5, l.acquire_host("t", host("warm.test"), None))
+            .await
+            .unwrap(),
+    );
+    let (other, other_permit) = {
+        let l = Arc::clone(&l);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let permit = rt
+                .block_on(l.acquire_host("t", host("other.test"), None))
+                .unwrap();
+            (rt, permit)
+        })
+        .join()
+        .unwrap()
+    };
+    let names: Vec<String> = (0..20).map(|i| format!("mine{i}.test")).collect();
+    let mut permits = Vec::new();
+    for name in &names {
+        permits.push(
+            bounded(5, l.acquire_host("t", host(name), None))
+                .await
+                .unwrap(),
+        );
+    }
+    server.pause();
+    // The other runtime's completion starts the sending task there; this
+    // runtime's queue behind its pipeline, which Redis, frozen, holds.
+    drop(other_permit);
+    tokio::time::sleep(20 * MS).await;
+    drop(permits);
+    tokio::time::sleep(20 * MS).await;
+    std::thread::spawn(move || drop(other)).join().unwrap();
+    server.resume();
+    let landed = |name: &str| {
+        server
+            .command(&["TYPE", &HostKeys::of("test", name).leases])
+            .trim()
+            == "+none"
+    };
+    let start = Instant::now();
+    while !names.iter().all(|n| landed(n)) && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(50 * MS).await;
+    }
+    let waiting: Vec<&String> = names.iter().filter(|n| !landed(n)).collect();
+    assert!(waiting.is_empty(), "completions never landed: {waiting:?}");
+}

@@ -6,10 +6,12 @@
 //! A task and a round trip for each release cost a replica about a fifth
 //! of its CPU for an admission through Redis (docs/PERFORMANCE.md); a
 //! pipeline costs one task and one round trip for all that queued during
-//! the last. Only those completions queue here; an abandoned request,
-//! serialized mode and a Cluster (whose hosts' keys lie on many nodes)
-//! release one by one, as does a completion whose `ZREM` the server
-//! refused or whose pipeline failed (then retried as every release is).
+//! the last. Only those completions queue here, of permits taken on a
+//! multi-thread runtime; an abandoned request, serialized mode, a Cluster
+//! (whose hosts' keys lie on many nodes) and a permit of a current-thread
+//! runtime release one by one, as does a completion whose `ZREM` the
+//! server refused or whose pipeline failed (then retried as every release
+//! is).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::time::Instant;
 
 use super::backend::CallError;
@@ -124,6 +124,11 @@ impl Due for Slot {
 /// sent), counted as `pending` until it lands: a completion in lease mode
 /// through one Redis with the others that queued meanwhile (see
 /// `gathered.rs`), any other on a task of `runtime` of its own.
+///
+/// Only a permit of a multi-thread runtime gathers: its workers run the
+/// sending task until the runtime shuts down. A current-thread runtime runs
+/// tasks only while something blocks on it, and a sending task left there
+/// would hold every other runtime's releases queued behind it.
 fn send_release(
     core: &Arc<Core>,
     pending: Pending,
@@ -133,6 +138,7 @@ fn send_release(
 ) {
     let gathers = !abandoned
         && matches!(ticket.args.mode, Mode::Lease(_))
+        && runtime.runtime_flavor() == RuntimeFlavor::MultiThread
         && !core.backend.pool().is_cluster();
     if !gathers {
         send_alone(core, pending, runtime, ticket.clone(), abandoned);
