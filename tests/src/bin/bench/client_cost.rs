@@ -41,20 +41,9 @@ fn pacing() -> Pacing {
 }
 
 /// This process's CPU time so far (s), user and system, every thread
-/// (`utime` and `stime` of `/proc/self/stat`, 100 ticks a second); 0
-/// where there is no `/proc`.
+/// (`utime` and `stime`).
 fn own_cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (ticks(11), ticks(12)) {
-        (Some(user), Some(system)) => (user + system) / 100.0,
-        _ => 0.0,
-    }
+    crate::stat_cpu_secs(11, 12)
 }
 
 /// redis-server's CPU time so far (s).

@@ -85,21 +85,9 @@ struct Run {
 }
 
 /// CPU time (s) of this process's children that have been waited for,
-/// user and system together (`cutime` and `cstime` of `/proc/self/stat`,
-/// in the kernel's fixed 100 ticks a second); 0 where there is no `/proc`.
+/// user and system together (`cutime` and `cstime`).
 fn children_cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (ticks(13), ticks(14)) {
-        (Some(user), Some(system)) => (user + system) / 100.0,
-        _ => 0.0,
-    }
+    crate::stat_cpu_secs(13, 14)
 }
 
 /// What redis-server has done so far: its CPU time (s), and the reads

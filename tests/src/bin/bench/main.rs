@@ -36,6 +36,24 @@ pub(crate) fn live_bytes() -> i64 {
     s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }
 
+/// CPU time (s) from `/proc/self/stat`: the sum of its fields `user` and
+/// `system` (counted from the first after the command name, which is in
+/// parentheses), in the kernel's fixed 100 ticks a second; 0 where there
+/// is no `/proc`.
+pub(crate) fn stat_cpu_secs(user: usize, system: usize) -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(user), ticks(system)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => 0.0,
+    }
+}
+
 /// One measured figure and its baseline, with the goal it is held to
 /// (stated as a bound on the ratio) and whether this run met it.
 #[derive(Debug, Clone, Serialize)]
