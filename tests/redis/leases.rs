@@ -214,6 +214,22 @@ impl redislimit::Hooks for Errors {
     }
 }
 
+/// A limiter in lease mode (one slot a host) on `server`, its own tasks
+/// (the heartbeat) started on this runtime by a first admission.
+async fn lease_mode(server: &RedisServer) -> Arc<RedisLimiter> {
+    let l = Arc::new(limiter(
+        standalone(&server.url()),
+        |p| p,
+        |b| b.cluster_concurrency(1),
+    ));
+    drop(
+        bounded(5, l.acquire_host("t", host("warm.test"), None))
+            .await
+            .unwrap(),
+    );
+    l
+}
+
 /// A crowd of completions goes back gathered into pipelines: three hundred
 /// permits dropped at once all give their leases back, one whose lease set
 /// became garbage while it was held among them (its `ZREM` refused in the
@@ -222,11 +238,7 @@ impl redislimit::Hooks for Errors {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crowd_of_completions_gives_every_lease_back() {
     let server = RedisServer::start();
-    let l = Arc::new(limiter(
-        standalone(&server.url()),
-        |p| p,
-        |b| b.cluster_concurrency(1),
-    ));
+    let l = lease_mode(&server).await;
     let names: Vec<String> = (0..300).map(|i| format!("crowd{i}.test")).collect();
     let mut acquiring = tokio::task::JoinSet::new();
     for name in &names {
@@ -263,17 +275,7 @@ async fn a_crowd_of_completions_gives_every_lease_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_of_one_runtime_do_not_wait_for_an_idle_one() {
     let server = RedisServer::start();
-    let l = Arc::new(limiter(
-        standalone(&server.url()),
-        |p| p,
-        |b| b.cluster_concurrency(1),
-    ));
-    // The limiter's own tasks (its heartbeat) start on this runtime.
-    drop(
-        bounded(5, l.acquire_host("t", host("warm.test"), None))
-            .await
-            .unwrap(),
-    );
+    let l = lease_mode(&server).await;
     let idle_runtime = {
         let l = Arc::clone(&l);
         std::thread::spawn(move || {
@@ -326,16 +328,7 @@ async fn completions_of_one_runtime_do_not_wait_for_an_idle_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_queued_behind_a_runtime_that_shuts_down_still_land() {
     let server = RedisServer::start();
-    let l = Arc::new(limiter(
-        standalone(&server.url()),
-        |p| p,
-        |b| b.cluster_concurrency(1),
-    ));
-    drop(
-        bounded(5, l.acquire_host("t", host("warm.test"), None))
-            .await
-            .unwrap(),
-    );
+    let l = lease_mode(&server).await;
     let (other, other_permit) = {
         let l = Arc::clone(&l);
         std::thread::spawn(move || {
