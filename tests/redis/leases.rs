@@ -230,6 +230,22 @@ async fn lease_mode(server: &RedisServer) -> Arc<RedisLimiter> {
     l
 }
 
+/// The hosts of `names` whose lease set still holds a lease after up to
+/// 5 s (a release on its way lands in milliseconds on loopback).
+async fn still_leased(server: &RedisServer, names: &[String]) -> Vec<String> {
+    let leased = |name: &String| {
+        server
+            .command(&["TYPE", &HostKeys::of("test", name).leases])
+            .trim()
+            != "+none"
+    };
+    let start = Instant::now();
+    while names.iter().any(leased) && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(50 * MS).await;
+    }
+    names.iter().filter(|n| leased(n)).cloned().collect()
+}
+
 /// A crowd of completions goes back gathered into pipelines: three hundred
 /// permits dropped at once all give their leases back, one whose lease set
 /// became garbage while it was held among them (its `ZREM` refused in the
@@ -303,15 +319,11 @@ async fn completions_of_one_runtime_do_not_wait_for_an_idle_one() {
                 .unwrap(),
         );
     }
-    tokio::time::sleep(300 * MS).await;
-    for name in &names {
-        let k = HostKeys::of("test", name);
-        assert_eq!(
-            server.command(&["TYPE", &k.leases]).trim(),
-            "+none",
-            "a completion waited for the idle runtime: {k:?}"
-        );
-    }
+    let waiting = still_leased(&server, &names).await;
+    assert!(
+        waiting.is_empty(),
+        "completions waited for the idle runtime: {waiting:?}"
+    );
     // The idle runtime's own release is still on its way, as before.
     assert_eq!(server.command(&["ZCARD", &idle.leases]).trim(), ":1");
     // A runtime is dropped outside another's context.
@@ -324,7 +336,7 @@ async fn completions_of_one_runtime_do_not_wait_for_an_idle_one() {
 /// that found none sending. When that runtime shuts down with a pipeline on
 /// its way (here Redis is frozen, so it hangs), the completions of another
 /// runtime queued behind it are handed to their own runtime, and land once
-/// Redis answers again; only the dead runtime's own release is lost.
+/// Redis answers again (the dead runtime's own release may be lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_queued_behind_a_runtime_that_shuts_down_still_land() {
     let server = RedisServer::start();
@@ -363,16 +375,6 @@ async fn completions_queued_behind_a_runtime_that_shuts_down_still_land() {
     tokio::time::sleep(20 * MS).await;
     std::thread::spawn(move || drop(other)).join().unwrap();
     server.resume();
-    let landed = |name: &str| {
-        server
-            .command(&["TYPE", &HostKeys::of("test", name).leases])
-            .trim()
-            == "+none"
-    };
-    let start = Instant::now();
-    while !names.iter().all(|n| landed(n)) && start.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(50 * MS).await;
-    }
-    let waiting: Vec<&String> = names.iter().filter(|n| !landed(n)).collect();
+    let waiting = still_leased(&server, &names).await;
     assert!(waiting.is_empty(), "completions never landed: {waiting:?}");
 }

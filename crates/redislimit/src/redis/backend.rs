@@ -289,7 +289,7 @@ impl Backend {
     pub(super) async fn complete_leases(
         &self,
         leases: &[(&RedisKeys, &str, u32)],
-    ) -> Result<Vec<Option<bool>>, CallError> {
+    ) -> Result<Vec<bool>, CallError> {
         let _turn = self.releases.acquire().await;
         let held = scripts::release::complete_leases(&self.redis, leases)
             .await

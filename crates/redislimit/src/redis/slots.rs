@@ -205,15 +205,16 @@ async fn send_gathered(core: Arc<Core>) {
             .iter()
             .map(|q| (&*q.keys, &*q.token, q.args.weight))
             .collect();
-        let held = core.backend.complete_leases(&leases).await;
+        let landed = core.backend.complete_leases(&leases).await;
         drop(leases);
         let batch = std::mem::take(&mut sending.batch);
-        match held {
-            Ok(held) => {
-                for (queued, held) in batch.into_iter().zip(held) {
-                    match held {
-                        Some(_) => queued.pending.done(),
-                        None => send_queued_alone(&core, queued),
+        match landed {
+            Ok(landed) => {
+                for (queued, landed) in batch.into_iter().zip(landed) {
+                    if landed {
+                        queued.pending.done();
+                    } else {
+                        send_queued_alone(&core, queued);
                     }
                 }
             }

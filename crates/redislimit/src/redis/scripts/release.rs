@@ -51,15 +51,17 @@ pub(crate) async fn run(
 }
 
 /// The completions of lease-mode requests `leases` (their keys, tokens and
-/// weights) as one pipeline of `ZREM`s: for each, whether its token still
-/// held its slot, or `None` where the server refused its `ZREM` (the lease
-/// set is not a ZSET, a user without `ZREM`): [`run`] then releases it on
-/// its own, which replaces garbage as every operation does. One reply for
-/// each, or none at all when the pipeline failed.
+/// weights) as one pipeline of `ZREM`s: for each, whether it landed, or
+/// `false` where the server refused its `ZREM` (the lease set is not a
+/// ZSET, a user without `ZREM`): [`run`] then releases it on its own,
+/// which replaces garbage as every operation does. (Whether the token still
+/// held its slot does not matter to a completion: a lapsed lease is gone
+/// either way.) One answer for each, or none at all when the pipeline
+/// failed.
 pub(crate) async fn complete_leases(
     redis: &Connections,
     leases: &[(&RedisKeys, &str, u32)],
-) -> Result<Vec<Option<bool>>, QueryError> {
+) -> Result<Vec<bool>, QueryError> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for &(keys, token, weight) in leases {
@@ -68,12 +70,9 @@ pub(crate) async fn complete_leases(
     let replies: Vec<redis::RedisResult<i64>> = redis.query_pipe(&pipe).await?;
     if replies.len() != leases.len() {
         // Not what a pipeline answers: each is released on its own.
-        return Ok(vec![None; leases.len()]);
+        return Ok(vec![false; leases.len()]);
     }
-    Ok(replies
-        .into_iter()
-        .map(|removed| removed.ok().map(|n| n > 0))
-        .collect())
+    Ok(replies.iter().map(Result::is_ok).collect())
 }
 
 /// `ZREM` of the members a request of `weight` is kept as in the lease set
