@@ -4,7 +4,10 @@
 //! (`RedisLimiter`, with its fallback, live), against the same on an
 //! in-process `DomainLimiter`. Each caller asks for a host nobody asked for
 //! before, so nothing waits: what is measured is the work of the path, not
-//! pacing. redis-server's CPU for the same admissions is reported beside it.
+//! pacing. redis-server's CPU for the same admissions is reported beside it,
+//! and the heap allocations an admission makes on each side (counted by the
+//! bench's allocator, every thread: unlike the CPU time, the same from run
+//! to run).
 //!
 //! The fleet's figure (`fleet.rs`) is what the Redis path costs a crawl,
 //! replicas, nginx and Redis sharing two cores; this one splits that cost
@@ -63,12 +66,19 @@ fn host(tag: &str, i: usize) -> HostKey {
     HostKey::parse(&format!("http://h{i}.{tag}.client-cost.test/")).expect("a valid host")
 }
 
-/// CPU µs of this process an admission: `n` acquires, each on a fresh
+/// What an admission cost this process: CPU µs, and heap allocations.
+struct Cost {
+    cpu_us: f64,
+    allocations: f64,
+}
+
+/// What this process spends an admission: `n` acquires, each on a fresh
 /// host and released at once, `CALLERS` at a time. The hosts are made
 /// before the clock starts.
-async fn cpu_per_admission(limiter: Arc<dyn Limiter>, tag: &str, n: usize) -> f64 {
+async fn cost_per_admission(limiter: Arc<dyn Limiter>, tag: &str, n: usize) -> Cost {
     let hosts: Arc<Vec<HostKey>> = Arc::new((0..n).map(|i| host(tag, i)).collect());
     let next = Arc::new(AtomicUsize::new(0));
+    let allocations = crate::allocations();
     let before = own_cpu_secs();
     let mut callers = Vec::new();
     for _ in 0..CALLERS {
@@ -88,7 +98,10 @@ async fn cpu_per_admission(limiter: Arc<dyn Limiter>, tag: &str, n: usize) -> f6
     for caller in callers {
         caller.await.expect("a caller panicked");
     }
-    (own_cpu_secs() - before) * 1e6 / n as f64
+    Cost {
+        cpu_us: (own_cpu_secs() - before) * 1e6 / n as f64,
+        allocations: (crate::allocations() - allocations) as f64 / n as f64,
+    }
 }
 
 pub(crate) async fn run() -> Vec<Figure> {
@@ -105,7 +118,7 @@ pub(crate) async fn run() -> Vec<Figure> {
     let warm = redis.acquire_host("bench", host("warm", 0), None).await;
     drop(warm.expect("Redis admits"));
     let server_before = server_cpu_secs(&server);
-    let ours = cpu_per_admission(
+    let ours = cost_per_admission(
         Arc::clone(&redis) as Arc<dyn Limiter>,
         "redis",
         THROUGH_REDIS,
@@ -114,11 +127,11 @@ pub(crate) async fn run() -> Vec<Figure> {
     let server_us = (server_cpu_secs(&server) - server_before) * 1e6 / THROUGH_REDIS as f64;
     let _ = redis.close(None).await;
     let local: Arc<dyn Limiter> = Arc::new(DomainLimiter::new(pacing()));
-    let baseline = cpu_per_admission(local, "local", IN_PROCESS).await;
+    let baseline = cost_per_admission(local, "local", IN_PROCESS).await;
     let figure = Figure::new(
         "client_cpu_per_admission_redis_vs_in_process",
-        ours,
-        baseline,
+        ours.cpu_us,
+        baseline.cpu_us,
         "the same admissions on an in-process DomainLimiter",
         "µs of CPU in the replica",
         json!({
@@ -128,9 +141,14 @@ pub(crate) async fn run() -> Vec<Figure> {
             "limiter": "RedisLimiter::with_fallback().live(), as the crawl builds it",
             "mode": "lease, cap 2, min_delay 230 ms; each host fresh, each permit dropped at once",
             "redis_server_cpu_us_per_admission": server_us,
+            "allocations_per_admission": ours.allocations,
+            "allocations_per_admission_in_process": baseline.allocations,
         }),
     );
-    println!("  redis-server: {server_us:.1} µs of CPU an admission");
+    println!(
+        "  redis-server: {server_us:.1} µs of CPU an admission; heap allocations an admission: {:.1} through Redis, {:.1} in-process",
+        ours.allocations, baseline.allocations
+    );
     vec![figure.informative(
         "the replica's side of the Redis path, steadier than the fleet's ratio it explains",
     )]

@@ -36,6 +36,11 @@ pub(crate) fn live_bytes() -> i64 {
     s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }
 
+/// Heap allocations this process has made so far, every thread.
+pub(crate) fn allocations() -> usize {
+    GLOBAL.stats().allocations
+}
+
 /// CPU time (s) from `/proc/self/stat`: the sum of its fields `user` and
 /// `system` (counted from the first after the command name, which is in
 /// parentheses), in the kernel's fixed 100 ticks a second; 0 where there
