@@ -11,6 +11,14 @@ use crate::local::LocalAdmission;
 
 type ReleaseFn = Box<dyn FnOnce() + Send + Sync>;
 
+/// What a limiter of this crate keeps of a permit it admitted, in one
+/// allocation of its own, which the permit holds: releasing or abandoning
+/// the permit tells it once.
+pub(crate) trait Holder: Send + Sync {
+    /// The permit was released, or `abandoned` (its request never sent).
+    fn give_back(&self, abandoned: bool);
+}
+
 /// How a permit is released.
 enum Release {
     /// Closures an implementor of [`Limiter`] gave.
@@ -18,6 +26,11 @@ enum Release {
         release: ReleaseFn,
         abandon: Option<ReleaseFn>,
     },
+    /// A limiter's own record of the admission (see [`Holder`]).
+    Held(std::sync::Arc<dyn Holder>),
+    /// Permits of one admission made in parts (a `FallbackLimiter`'s),
+    /// released, or abandoned, together and in order.
+    Joint(Box<[Option<Permit>]>),
     /// An in-process admission, held in the permit itself (no allocation);
     /// `sent` once its send was recorded.
     Local {
@@ -67,6 +80,31 @@ impl Permit {
                 admitted,
                 sent: false,
             }),
+        }
+    }
+
+    /// A permit for an admission `holder` records.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn held(
+        host: HostKey,
+        waited: Duration,
+        holder: std::sync::Arc<dyn Holder>,
+    ) -> Self {
+        Self {
+            host,
+            waited,
+            release: Some(Release::Held(holder)),
+        }
+    }
+
+    /// One permit made of `parts`: releasing it releases them all, and
+    /// abandoning it abandons them all (each as far as it can be taken
+    /// back), in order.
+    pub(crate) fn joint(host: HostKey, waited: Duration, parts: Box<[Option<Permit>]>) -> Self {
+        Self {
+            host,
+            waited,
+            release: Some(Release::Joint(parts)),
         }
     }
 
@@ -138,6 +176,8 @@ impl Permit {
                 ..
             }) => abandon(),
             Some(Release::Closures { release, .. }) => release(),
+            Some(Release::Held(holder)) => holder.give_back(true),
+            Some(Release::Joint(parts)) => parts.into_iter().flatten().for_each(Permit::abandon),
             Some(Release::Local { admitted, .. }) => admitted.abandon(&self.host),
             None => {}
         }
@@ -148,6 +188,8 @@ impl Drop for Permit {
     fn drop(&mut self) {
         match self.release.take() {
             Some(Release::Closures { release, .. }) => release(),
+            Some(Release::Held(holder)) => holder.give_back(false),
+            Some(Release::Joint(parts)) => drop(parts),
             Some(Release::Local { admitted, .. }) => admitted.release(&self.host),
             None => {}
         }
@@ -243,6 +285,61 @@ mod tests {
             released.load(Ordering::SeqCst),
             1,
             "without an undo, abandon releases"
+        );
+    }
+
+    /// Records every give-back, in order: (which, abandoned).
+    struct Recorder {
+        id: usize,
+        log: Arc<std::sync::Mutex<Vec<(usize, bool)>>>,
+    }
+
+    impl Holder for Recorder {
+        fn give_back(&self, abandoned: bool) {
+            self.log.lock().unwrap().push((self.id, abandoned));
+        }
+    }
+
+    fn held(id: usize, log: &Arc<std::sync::Mutex<Vec<(usize, bool)>>>) -> Permit {
+        let host = HostKey::parse("http://example.com/").unwrap();
+        let log = Arc::clone(log);
+        Permit::held(host, Duration::ZERO, Arc::new(Recorder { id, log }))
+    }
+
+    #[test]
+    fn a_held_permit_tells_its_holder_once_whether_it_was_sent() {
+        let log = Arc::default();
+        drop(held(1, &log));
+        held(2, &log).release();
+        held(3, &log).abandon();
+        assert_eq!(*log.lock().unwrap(), [(1, false), (2, false), (3, true)]);
+    }
+
+    #[test]
+    fn a_joint_permit_releases_or_abandons_every_part_in_order() {
+        let host = HostKey::parse("http://example.com/").unwrap();
+        let log = Arc::default();
+        let joint = |first: usize| {
+            let parts = [Some(held(first, &log)), None, Some(held(first + 1, &log))];
+            Permit::joint(host.clone(), Duration::ZERO, Box::new(parts))
+        };
+        drop(joint(1));
+        joint(3).abandon();
+        let mut sent = joint(5);
+        // Only an in-process admission records its send; a joint one has
+        // nothing to record and never refuses.
+        assert_eq!(sent.try_send(Instant::now()), Ok(()));
+        sent.release();
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                (1, false),
+                (2, false),
+                (3, true),
+                (4, true),
+                (5, false),
+                (6, false)
+            ]
         );
     }
 }

@@ -182,7 +182,11 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                         local.reweigh(request.weight());
                     }
                     let waited = report.finish(WaitOutcome::Acquired);
-                    return Ok(joint(key, waited, [share, Some(shared), local]));
+                    return Ok(Permit::joint(
+                        key,
+                        waited,
+                        Box::new([share, Some(shared), local]),
+                    ));
                 }
                 Err(err) if err.is_unavailable() => {
                     // Skipped while another call probed the primary and
@@ -479,23 +483,6 @@ async fn leave(local: &mut Permit) {
     while let Err(at) = local.try_send(Instant::now()) {
         tokio::time::sleep_until(at).await;
     }
-}
-
-/// One permit made of `parts`: releasing it releases them all, abandoning
-/// it abandons them all (each as far as it can be taken back).
-fn joint<const N: usize>(host: HostKey, waited: Duration, parts: [Option<Permit>; N]) -> Permit {
-    let parts = Arc::new(Mutex::new(Some(parts)));
-    let back = Arc::clone(&parts);
-    let take = |parts: &Mutex<Option<[Option<Permit>; N]>>| {
-        parts.lock().unwrap_or_else(PoisonError::into_inner).take()
-    };
-    Permit::new(host, waited, move || drop(take(&parts))).on_abandon(move || {
-        take(&back)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .for_each(Permit::abandon);
-    })
 }
 
 /// Whether `asked`, what `primary` said to a call made at `asking`, is the

@@ -85,7 +85,7 @@ pub(super) async fn acquire(
         .ensure_heartbeat(&core.backend, &core.lifecycle, &core.agreement);
     let keys = Arc::new(settings.keys(&host));
     // For a Cluster, the circuit of the node serving the host.
-    let circuit = backend.circuit(&keys.gate);
+    let circuit = backend.circuit(keys.gate());
     if circuit.waiting() {
         report.abandon();
         return Err(CallError::Skipped.into_error(Op::Acquire));
@@ -343,7 +343,7 @@ async fn call(core: &Core, ticket: &Ticket, horizon: Duration) -> Result<Answer,
             ));
         }
         Reply::Healed { wait_us } => {
-            let gate = &ticket.keys.gate;
+            let gate = ticket.keys.gate();
             tracing::warn!(%gate, "pacing state of the wrong type or unparseable was replaced; the host is held for lease_ttl");
             core.hooks.on_repair(gate);
             Answer::Wait {
@@ -377,7 +377,7 @@ fn late(
         Verdict::Send => None,
         Verdict::HandBack { room } => Some(room),
     };
-    let gate = &ticket.keys.gate;
+    let gate = ticket.keys.gate();
     core.hooks.on_late_admission(gate, late, again.is_some());
     tracing::debug!(%host, late_us = late.as_micros() as u64, room_us = room.as_micros() as u64, handed_back = again.is_some(), "admission reached its caller late");
     if let Some(r) = lateness.note(host.as_str(), late, again.is_some()) {

@@ -264,7 +264,7 @@ impl Backend {
         if let Ok(acquire::Reply::Admitted { now_us, .. }) = &reply {
             self.clock.observe(sent, *now_us);
         }
-        self.observe(&keys.gate, reply)
+        self.observe(keys.gate(), reply)
     }
 
     /// release.lua, in a release turn: whether the token still held its
@@ -280,7 +280,7 @@ impl Backend {
         let _turn = self.releases.acquire().await;
         let held =
             scripts::release::run(&self.redis, keys, token, abandoned, args, lease_ttl_us).await;
-        self.observe(&keys.gate, held)
+        self.observe(keys.gate(), held)
     }
 
     /// The completions of lease-mode requests `leases` in one pipeline, in
@@ -306,7 +306,7 @@ impl Backend {
         lease_ttl_us: u64,
     ) -> Result<bool, CallError> {
         let renewed = scripts::renew::run(&self.redis, keys, token, args, lease_ttl_us).await;
-        self.observe(&keys.gate, renewed)
+        self.observe(keys.gate(), renewed)
     }
 
     /// adopt.lua, for a request sent `ago_us` ago: whether it holds a slot.
@@ -320,7 +320,7 @@ impl Backend {
     ) -> Result<bool, CallError> {
         let adopted =
             scripts::adopt::run(&self.redis, keys, token, args, lease_ttl_us, ago_us).await;
-        self.observe(&keys.gate, adopted)
+        self.observe(keys.gate(), adopted)
     }
 
     /// penalize.lua on `gate`: a hold, a byte debt or a stated cap.

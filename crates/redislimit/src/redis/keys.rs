@@ -1,5 +1,7 @@
 //! The Redis key layout: one hash tag per (prefix, scope, host), derived by hashing.
 
+use std::fmt;
+
 use sha2::{Digest, Sha256};
 
 use crate::{ConfigError, HostKey};
@@ -11,46 +13,73 @@ use crate::{ConfigError, HostKey};
 /// tag (one Cluster slot), and a host name can neither pick its slot nor
 /// produce another host's key. What each key holds is described once, in
 /// `docs/DESIGN.md` ("Keys in Redis").
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// The five keys are one string, one after another (one allocation: the
+/// keys are made for every acquire).
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct RedisKeys {
-    /// The HASH with the host's next allowed send (and the serialized holder).
-    pub(crate) gate: String,
-    /// The ZSET of leases in flight (lease mode).
-    pub(crate) leases: String,
-    /// The ZSET of admission instants inside the quota window.
-    pub(crate) admits: String,
-    /// The ZSET of abandoned acquires that must book nothing if they run.
-    pub(crate) void: String,
-    /// The HASH of the waiting line across replicas: the acquires told to
-    /// wait, by when they joined, kept while they keep asking. Keyed by
-    /// registrable domain, hosts of one domain under different rules wait
-    /// in lines of their own (see [`in_lane`](Self::in_lane)).
-    pub(crate) waiting: String,
+    /// The keys in the order of [`all`](Self::all).
+    text: String,
+    /// Where each key ends in `text`.
+    ends: [usize; 5],
+}
+
+/// The keys' roles, in the order the scripts take them:
+/// - `gate`: the HASH with the host's next allowed send (and the
+///   serialized holder);
+/// - `leases`: the ZSET of leases in flight (lease mode);
+/// - `admits`: the ZSET of admission instants inside the quota window;
+/// - `void`: the ZSET of abandoned acquires that must book nothing if they
+///   run;
+/// - `waiting`: the HASH of the waiting line across replicas, the acquires
+///   told to wait, by when they joined, kept while they keep asking. Keyed
+///   by registrable domain, hosts of one domain under different rules wait
+///   in lines of their own (see [`RedisKeys::in_lane`]).
+const ROLES: [&str; 5] = ["gate", "leases", "admits", "void", "waiting"];
+
+impl fmt::Debug for RedisKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut keys = f.debug_struct("RedisKeys");
+        for (role, key) in ROLES.iter().zip(self.all()) {
+            keys.field(role, &key);
+        }
+        keys.finish()
+    }
 }
 
 impl RedisKeys {
     /// The keys of `host` in `scope` under `prefix`.
     pub(crate) fn new(prefix: &str, scope: &str, host: &HostKey) -> Self {
-        let tag = tag(&[prefix, scope, host.as_str()]);
-        // Built by hand rather than by `format!`: this runs for every
-        // acquire.
-        let mut base = String::with_capacity(prefix.len() + scope.len() + tag.len() + 5);
-        for part in [prefix, ":", scope, ":{", &tag, "}:"] {
-            base.push_str(part);
+        let tag = tag_hex(&[prefix, scope, host.as_str()]);
+        let tag = std::str::from_utf8(&tag).expect("hex digits are ASCII");
+        let base = prefix.len() + scope.len() + tag.len() + 5;
+        let roles: usize = ROLES.iter().map(|r| r.len()).sum();
+        // Room for a lane as well (see `in_lane`).
+        let mut text = String::with_capacity(ROLES.len() * base + roles + 17);
+        let mut ends = [0; 5];
+        for (end, role) in ends.iter_mut().zip(ROLES) {
+            for part in [prefix, ":", scope, ":{", tag, "}:", role] {
+                text.push_str(part);
+            }
+            *end = text.len();
         }
-        let key = |role: &str| {
-            let mut key = String::with_capacity(base.len() + role.len());
-            key.push_str(&base);
-            key.push_str(role);
-            key
-        };
-        Self {
-            gate: key("gate"),
-            leases: key("leases"),
-            admits: key("admits"),
-            void: key("void"),
-            waiting: key("waiting"),
-        }
+        Self { text, ends }
+    }
+
+    /// The key in place `i` of [`all`](Self::all).
+    fn key(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.text[start..self.ends[i]]
+    }
+
+    /// The HASH with the host's next allowed send (and the serialized holder).
+    pub(crate) fn gate(&self) -> &str {
+        self.key(0)
+    }
+
+    /// The ZSET of leases in flight (lease mode).
+    pub(crate) fn leases(&self) -> &str {
+        self.key(1)
     }
 
     /// The key recording the settings every replica of `scope` under
@@ -112,25 +141,29 @@ impl RedisKeys {
     /// rule must not wait behind each other, since each is admitted on its
     /// own rule's terms (a quota one has and the other has not, say).
     pub(crate) fn in_lane(mut self, lane: &str) -> Self {
-        self.waiting = format!("{}:{}", self.waiting, &tag(&[lane])[..16]);
+        // The waiting line is the last key: the lane is appended to it.
+        let tag = tag_hex(&[lane]);
+        self.text.push(':');
+        self.text
+            .push_str(std::str::from_utf8(&tag[..16]).expect("hex digits are ASCII"));
+        self.ends[4] = self.text.len();
         self
     }
 
     /// The keys in the order the scripts take them.
     pub(crate) fn all(&self) -> [&str; 5] {
-        [
-            &self.gate,
-            &self.leases,
-            &self.admits,
-            &self.void,
-            &self.waiting,
-        ]
+        std::array::from_fn(|i| self.key(i))
     }
 }
 
 /// The first 128 bits of SHA-256 over the length-prefixed `parts`, in hex:
 /// different lists of parts never give the same input.
 fn tag(parts: &[&str]) -> String {
+    String::from_utf8(tag_hex(parts).to_vec()).expect("hex digits are ASCII")
+}
+
+/// [`tag`]'s hex digits, without an allocation.
+fn tag_hex(parts: &[&str]) -> [u8; 32] {
     let mut digest = Sha256::new();
     for part in parts {
         digest.update((part.len() as u64).to_be_bytes());
@@ -138,12 +171,12 @@ fn tag(parts: &[&str]) -> String {
     }
     let digest = digest.finalize();
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut tag = String::with_capacity(32);
-    for byte in &digest[..16] {
-        tag.push(char::from(HEX[usize::from(byte >> 4)]));
-        tag.push(char::from(HEX[usize::from(byte & 0xf)]));
+    let mut hex = [0; 32];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(&digest[..16]) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
-    tag
+    hex
 }
 
 /// Refuses a prefix or scope that could break the key layout: empty, longer
@@ -188,10 +221,10 @@ mod tests {
     #[test]
     fn all_keys_of_a_host_share_one_tag() {
         let k = keys("example.com");
-        let tag = hash_tag(&k.gate);
+        let tag = hash_tag(k.gate());
         assert_eq!(tag.len(), 32);
         assert!(k.all().iter().all(|key| hash_tag(key) == tag));
-        assert!(k.gate.starts_with("redislimit:domain:{"));
+        assert!(k.gate().starts_with("redislimit:domain:{"));
         // The layout, against a tag computed another way.
         let mut digest = Sha256::new();
         for part in ["redislimit", "domain", "example.com"] {
@@ -206,6 +239,23 @@ mod tests {
         let roles = ["gate", "leases", "admits", "void", "waiting"];
         let expected: Vec<String> = roles.iter().map(|r| format!("{base}{r}")).collect();
         assert_eq!(k.all().to_vec(), expected);
+    }
+
+    #[test]
+    fn a_lane_gives_the_waiting_line_alone_a_key_of_its_own() {
+        let k = keys("example.com");
+        let (a, b) = (k.clone().in_lane("*.example.com"), k.clone().in_lane(""));
+        for lane in [&a, &b] {
+            assert_eq!(lane.all()[..4], k.all()[..4]);
+            let waiting = lane.all()[4];
+            let suffix = waiting.strip_prefix(k.all()[4]).unwrap();
+            assert_eq!(suffix.len(), 17, "{waiting}");
+            assert!(suffix.starts_with(':'));
+            assert_eq!(hash_tag(waiting), hash_tag(k.gate()));
+        }
+        assert_ne!(a.all()[4], b.all()[4]);
+        assert_eq!(a, k.in_lane("*.example.com"));
+        assert!(format!("{a:?}").contains(a.all()[4]));
     }
 
     #[test]
@@ -232,7 +282,7 @@ mod tests {
                 assert_eq!(key.matches('{').count(), 1, "{key}");
                 assert!(!key.contains(host.as_str()), "{key} embeds the host");
             }
-            tags.insert(hash_tag(&k.gate).to_owned());
+            tags.insert(hash_tag(k.gate()).to_owned());
         }
         assert!(tags.len() >= 5, "{tags:?}");
     }
@@ -243,12 +293,12 @@ mod tests {
         let a = RedisKeys::new("p", "domain", &host);
         let b = RedisKeys::new("p", "search", &host);
         let c = RedisKeys::new("q", "domain", &host);
-        assert_ne!(a.gate, b.gate);
-        assert_ne!(a.gate, c.gate);
+        assert_ne!(a.gate(), b.gate());
+        assert_ne!(a.gate(), c.gate());
         // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
         assert_ne!(
-            RedisKeys::new("ab", "c", &host).gate[5..],
-            RedisKeys::new("a", "bc", &host).gate[5..]
+            RedisKeys::new("ab", "c", &host).gate()[5..],
+            RedisKeys::new("a", "bc", &host).gate()[5..]
         );
     }
 

@@ -334,22 +334,26 @@ impl sealed::Coordination for RedisLimiter {
 
     fn answers_for(&self, host: &HostKey) -> bool {
         let settings = &self.core.settings;
-        let gate = settings.keys(&settings.policies.key(host)).gate;
+        let keys = settings.keys(&settings.policies.key(host));
         // An acquire may also be skipped on the configuration record's node.
-        self.core.backend.circuit(&gate).closed() && self.core.agreement.answers(&self.core.backend)
+        self.core.backend.circuit(keys.gate()).closed()
+            && self.core.agreement.answers(&self.core.backend)
     }
 
     fn probe_host<'a>(&'a self, host: &HostKey) -> BoxFuture<'a, ()> {
         let settings = &self.core.settings;
-        let gate = settings.keys(&settings.policies.key(host)).gate;
-        Box::pin(async move { self.core.backend.probe(&gate).await })
+        let keys = settings.keys(&settings.policies.key(host));
+        Box::pin(async move { self.core.backend.probe(keys.gate()).await })
     }
 
     fn failure_domain(&self, host: &HostKey) -> u32 {
         let settings = &self.core.settings;
-        self.core
-            .backend
-            .failure_domain(|| settings.keys(&settings.policies.key(host)).gate)
+        self.core.backend.failure_domain(|| {
+            settings
+                .keys(&settings.policies.key(host))
+                .gate()
+                .to_owned()
+        })
     }
 
     fn adopt_host<'a>(

@@ -40,7 +40,7 @@ pub(super) async fn adopt(
     let keys = Arc::new(RedisKeys::new(&settings.prefix, &settings.scope, &host));
     // Skips a Redis (node) that failed moments ago, like an acquire; when
     // the probe is due, this may be it.
-    if core.backend.circuit(&keys.gate).open() {
+    if core.backend.circuit(keys.gate()).open() {
         return Err(CallError::Skipped.into_error(Op::Acquire));
     }
     let ticket = Ticket {
@@ -127,12 +127,12 @@ async fn hold_back(core: &Core, host: HostKey, hold: Duration, kind: Kind) -> Re
     }
     let host = settings.policies.key(&host);
     let keys = RedisKeys::new(&settings.prefix, &settings.scope, &host);
-    if core.backend.circuit(&keys.gate).open() {
+    if core.backend.circuit(keys.gate()).open() {
         return Err(CallError::Skipped.into_error(Op::Penalize));
     }
     match core
         .backend
-        .penalize(&keys.gate, hold_us, settings.lease_ttl_us, kind)
+        .penalize(keys.gate(), hold_us, settings.lease_ttl_us, kind)
         .await
     {
         Ok(()) => {
@@ -170,12 +170,12 @@ pub(super) async fn back_off(
         },
     };
     let keys = RedisKeys::new(&settings.prefix, &settings.scope, &host);
-    if core.backend.circuit(&keys.gate).open() {
+    if core.backend.circuit(keys.gate()).open() {
         return Err(CallError::Skipped.into_error(Op::Penalize));
     }
     match core
         .backend
-        .back_off(&keys.gate, step, settings.lease_ttl_us)
+        .back_off(keys.gate(), step, settings.lease_ttl_us)
         .await
     {
         Ok(gap_us) => {

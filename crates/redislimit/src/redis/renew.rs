@@ -178,7 +178,7 @@ impl Lease {
             match renewed {
                 Ok(true) => {
                     if failing {
-                        tracing::info!(gate = %keys.gate, "lease renewed after failed attempts");
+                        tracing::info!(gate = %keys.gate(), "lease renewed after failed attempts");
                     }
                     failing = false;
                     past_deadline = false;
@@ -191,21 +191,21 @@ impl Lease {
                         Op::Renew,
                         "the lease had lapsed before it was renewed; its slot may be taken",
                     );
-                    tracing::warn!(gate = %keys.gate, "lease lost");
-                    hooks.on_lease_lost(&keys.gate);
+                    tracing::warn!(gate = %keys.gate(), "lease lost");
+                    hooks.on_lease_lost(keys.gate());
                     hooks.on_error(Op::Renew, &err);
                     return;
                 }
                 Err(err) => {
                     let now = Instant::now();
                     if !failing {
-                        tracing::warn!(gate = %keys.gate, error = %crate::error::Causes(&err), "lease renewal failed; retrying");
+                        tracing::warn!(gate = %keys.gate(), error = %crate::error::Causes(&err), "lease renewal failed; retrying");
                         hooks.on_error(Op::Renew, &err);
                     }
                     failing = true;
                     if now >= alive_until && !past_deadline {
                         past_deadline = true;
-                        tracing::warn!(gate = %keys.gate, "lease renewal failed until the lease deadline; its slot may be taken");
+                        tracing::warn!(gate = %keys.gate(), "lease renewal failed until the lease deadline; its slot may be taken");
                     }
                     // Retry soon, and keep retrying: while the lease may be
                     // alive every attempt can save it, and after that the

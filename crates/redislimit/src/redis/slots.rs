@@ -19,12 +19,18 @@ use super::keys::RedisKeys;
 use super::lifecycle::Pending;
 use super::renew::{Due, Lease, Renewal};
 use super::settings::{Args, Mode};
+use crate::permit::Holder;
 use crate::{Error, HostKey, Op, Permit};
 
 /// A random lease token; unique per acquire, so a late release of an
 /// expired lease can never free a newer one.
 pub(super) fn new_token() -> Arc<str> {
-    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)).into()
+    // 128 random bits in hex, written in place (one allocation: this runs
+    // for every acquire).
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = fastrand::u128(..);
+    let hex: [u8; 32] = std::array::from_fn(|i| HEX[((bits >> (124 - 4 * i)) & 0xf) as usize]);
+    Arc::from(std::str::from_utf8(&hex).expect("hex digits are ASCII"))
 }
 
 /// A request as Redis knows it: its host's keys, its token, and what the
@@ -43,6 +49,8 @@ struct Slot {
     ticket: Ticket,
     renewal: Mutex<Renewal>,
     runtime: Handle,
+    /// This process's own slot, freed as the Redis one is given back.
+    local: Mutex<Option<Permit>>,
 }
 
 /// The permit of `ticket`'s admission for `host`, holding `local` (its
@@ -63,6 +71,7 @@ pub(super) fn permit(
         ticket,
         renewal: Mutex::new(Renewal::Stopped),
         runtime,
+        local: Mutex::new(Some(local)),
     });
     {
         // Booked under the slot's lock, as `give_back` and `start_renewal`
@@ -72,21 +81,19 @@ pub(super) fn permit(
         let due: std::sync::Weak<dyn Due> = Arc::downgrade(&slot) as _;
         *renewal = core.renewals.book(due, since);
     }
-    let taken_back = Arc::clone(&slot);
-    let local = Arc::new(Mutex::new(Some(local)));
-    let local_back = Arc::clone(&local);
-    Permit::new(host, waited, move || slot.give_back(&local, false))
-        .on_abandon(move || taken_back.give_back(&local_back, true))
+    Permit::held(host, waited, slot)
 }
 
 impl Slot {
     fn renewal(&self) -> MutexGuard<'_, Renewal> {
         self.renewal.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
 
+impl Holder for Slot {
     /// Stops the renewal, frees the local slot and sends the release (as
     /// `abandoned` when the request was never sent) off the caller's path.
-    fn give_back(&self, local: &Mutex<Option<Permit>>, abandoned: bool) {
+    fn give_back(&self, abandoned: bool) {
         match std::mem::replace(&mut *self.renewal(), Renewal::Stopped) {
             Renewal::Due { key } => self.core.renewals.cancel(key),
             Renewal::Running(task) => task.abort(),
@@ -95,7 +102,12 @@ impl Slot {
         // Counted before the local slot frees, so an acquire it lets in
         // knows a release is on its way.
         let pending = Pending::new(&self.core.lifecycle);
-        drop(local.lock().unwrap_or_else(PoisonError::into_inner).take());
+        drop(
+            self.local
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
         send_release(&self.core, pending, &self.runtime, &self.ticket, abandoned);
     }
 }
@@ -258,7 +270,7 @@ impl Drop for Sending<'_> {
 async fn release(core: &Core, ticket: &Ticket, abandoned: bool) {
     let start = Instant::now();
     let mut backoff = Duration::from_millis(50);
-    let gate = &ticket.keys.gate;
+    let gate = ticket.keys.gate();
     loop {
         let Err(e) = call_release(core, ticket, abandoned).await else {
             return;
@@ -422,7 +434,13 @@ impl InLine {
 impl Drop for InLine {
     fn drop(&mut self) {
         // A Redis the circuit holds off is not asked; the place lapses.
-        if !*self.armed.get_mut() || self.core.backend.circuit(&self.ticket.keys.gate).waiting() {
+        if !*self.armed.get_mut()
+            || self
+                .core
+                .backend
+                .circuit(self.ticket.keys.gate())
+                .waiting()
+        {
             return;
         }
         let (core, ticket) = (Arc::clone(&self.core), self.ticket.clone());
@@ -430,8 +448,35 @@ impl Drop for InLine {
             // One abandon (which also voids the token, should a call of its
             // own still be on its way), not retried: the place lapses.
             if let Err(e) = call_release(&core, &ticket, true).await {
-                tracing::debug!(gate = %ticket.keys.gate, error = ?e, "leaving the waiting line failed; the place lapses");
+                tracing::debug!(gate = %ticket.keys.gate(), error = ?e, "leaving the waiting line failed; the place lapses");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_token;
+
+    #[test]
+    fn tokens_are_128_bits_of_hex_and_differ() {
+        let tokens: Vec<_> = (0..64).map(|_| new_token()).collect();
+        for token in &tokens {
+            assert_eq!(token.len(), 32, "{token}");
+            assert!(
+                token
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{token}"
+            );
+        }
+        let distinct: std::collections::HashSet<_> = tokens.iter().collect();
+        assert_eq!(distinct.len(), tokens.len());
+        // Every digit place takes more than one value (no constant nibble).
+        for i in 0..32 {
+            let values: std::collections::HashSet<_> =
+                tokens.iter().map(|t| t.as_bytes()[i]).collect();
+            assert!(values.len() > 1, "digit {i} never changes");
+        }
     }
 }
