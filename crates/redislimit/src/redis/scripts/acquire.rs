@@ -25,14 +25,34 @@ pub(crate) enum Reply {
 
 /// The reply as three integers: an admission at once comes as the Redis
 /// clock alone (an integer reply costs the server less than a table) and
-/// reads as `[1, now, 0]`.
-struct Raw(Vec<i64>);
+/// reads as `[1, now, 0]`. Read without an allocation; a reply of another
+/// length is kept whole, for [`decode`] to refuse.
+enum Raw {
+    Three([i64; 3]),
+    Other(Vec<i64>),
+}
+
+impl Raw {
+    fn as_slice(&self) -> &[i64] {
+        match self {
+            Self::Three(three) => three,
+            Self::Other(other) => other,
+        }
+    }
+}
 
 impl FromRedisValue for Raw {
     fn from_redis_value_ref(v: &Value) -> Result<Self, ParsingError> {
         match v {
-            Value::Int(now) => Ok(Self(vec![1, *now, 0])),
-            other => Vec::from_redis_value_ref(other).map(Self),
+            Value::Int(now) => Ok(Self::Three([1, *now, 0])),
+            Value::Array(items) if items.len() == 3 => {
+                let mut three = [0; 3];
+                for (n, item) in three.iter_mut().zip(items) {
+                    *n = i64::from_redis_value_ref(item)?;
+                }
+                Ok(Self::Three(three))
+            }
+            other => Vec::from_redis_value_ref(other).map(Self::Other),
         }
     }
 
@@ -78,7 +98,7 @@ pub(crate) async fn run(
         })
         .await;
     let reply = match reply {
-        Ok(Raw(raw)) => decode(&raw, args.max_wait_us),
+        Ok(raw) => decode(raw.as_slice(), args.max_wait_us),
         Err(err) => Err(ScriptError::Query(err)),
     };
     (reply, sent)
@@ -116,6 +136,18 @@ fn decode(raw: &[i64], max_wait_us: u64) -> Result<Reply, ScriptError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_are_read_as_three_integers_or_kept_whole() {
+        let read = |v: Value| Raw::from_redis_value(v).map(|raw| raw.as_slice().to_vec());
+        assert_eq!(read(Value::Int(7)).unwrap(), [1, 7, 0]);
+        let ints = |ns: &[i64]| Value::Array(ns.iter().map(|&n| Value::Int(n)).collect());
+        assert_eq!(read(ints(&[0, 5, 1])).unwrap(), [0, 5, 1]);
+        assert_eq!(read(ints(&[1, 5])).unwrap(), [1, 5]);
+        assert_eq!(read(ints(&[0, 1, 2, 3])).unwrap(), [0, 1, 2, 3]);
+        let text = Value::Array(vec![Value::Int(1), Value::Okay, Value::Int(0)]);
+        assert!(read(text).is_err());
+    }
 
     #[test]
     fn every_reply_shape_is_read_and_garbage_is_refused() {
