@@ -434,13 +434,7 @@ impl InLine {
 impl Drop for InLine {
     fn drop(&mut self) {
         // A Redis the circuit holds off is not asked; the place lapses.
-        if !*self.armed.get_mut()
-            || self
-                .core
-                .backend
-                .circuit(self.ticket.keys.gate())
-                .waiting()
-        {
+        if !*self.armed.get_mut() || self.core.backend.circuit(self.ticket.keys.gate()).waiting() {
             return;
         }
         let (core, ticket) = (Arc::clone(&self.core), self.ticket.clone());
