@@ -163,8 +163,10 @@ impl LuaScript {
 
 /// The arguments a script call's command is made room for at once: its
 /// name, the script, the key count, the keys, and arguments enough for
-/// the acquire's (the one in every request's path). A command grows
-/// beyond, as a `Vec` does; made to fit, it is two allocations, not ten.
+/// the acquire's (the one in every request's path). Made to fit, a
+/// command is allocated twice and never grown (the acquire's grew up to
+/// eight times as its arguments were written); one with more arguments
+/// grows beyond, as a `Vec` does.
 const CALL_ARGS: usize = 32;
 
 /// The bytes a call of `body` by `name` on `keys` is made room for: its

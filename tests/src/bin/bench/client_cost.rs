@@ -5,9 +5,9 @@
 //! in-process `DomainLimiter`. Each caller asks for a host nobody asked for
 //! before, so nothing waits: what is measured is the work of the path, not
 //! pacing. redis-server's CPU for the same admissions is reported beside it,
-//! and the heap allocations an admission makes on each side (counted by the
-//! bench's allocator, every thread: unlike the CPU time, the same from run
-//! to run).
+//! and the heap allocations and reallocations an admission makes on each
+//! side (counted by the bench's allocator, every thread: unlike the CPU
+//! time, the same from run to run).
 //!
 //! The fleet's figure (`fleet.rs`) is what the Redis path costs a crawl,
 //! replicas, nginx and Redis sharing two cores; this one splits that cost
@@ -66,7 +66,8 @@ fn host(tag: &str, i: usize) -> HostKey {
     HostKey::parse(&format!("http://h{i}.{tag}.client-cost.test/")).expect("a valid host")
 }
 
-/// What an admission cost this process: CPU µs, and heap allocations.
+/// What an admission cost this process: CPU µs, and heap allocations and
+/// reallocations.
 struct Cost {
     cpu_us: f64,
     allocations: f64,
@@ -146,7 +147,7 @@ pub(crate) async fn run() -> Vec<Figure> {
         }),
     );
     println!(
-        "  redis-server: {server_us:.1} µs of CPU an admission; heap allocations an admission: {:.1} through Redis, {:.1} in-process",
+        "  redis-server: {server_us:.1} µs of CPU an admission; heap allocations and reallocations an admission: {:.1} through Redis, {:.1} in-process",
         ours.allocations, baseline.allocations
     );
     vec![figure.informative(

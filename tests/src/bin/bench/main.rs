@@ -36,9 +36,11 @@ pub(crate) fn live_bytes() -> i64 {
     s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }
 
-/// Heap allocations this process has made so far, every thread.
+/// Heap allocations and reallocations this process has made so far,
+/// every thread (a `Vec` growing reallocates).
 pub(crate) fn allocations() -> usize {
-    GLOBAL.stats().allocations
+    let stats = GLOBAL.stats();
+    stats.allocations + stats.reallocations
 }
 
 /// CPU time (s) from `/proc/self/stat`: the sum of its fields `user` and

@@ -79,7 +79,7 @@ pub(crate) async fn complete_leases(
 /// (`members` in common.lua: its token, then `token#2` .. `token#weight`).
 fn lease_members(keys: &RedisKeys, token: &str, weight: u32) -> Cmd {
     let members = weight as usize;
-    // Made to fit: two allocations, not five.
+    // Made to fit: allocated twice, never grown.
     let mut cmd = Cmd::with_capacity(
         2 + members,
         4 + keys.leases().len() + members * (token.len() + 11),
