@@ -252,16 +252,15 @@ impl<P: Limiter + 'static> Acquire<'_, P> {
                     cut_off = true;
                     tracing::debug!(host = %host, "cut off from the primary: waiting until the other replicas know");
                 }
-                let coordination = crate::limiter::coordination(&**self.primary);
-                let mut next = after(now, ASK_AGAIN);
-                while let Some(c) = coordination
-                    && next < from
-                {
-                    tokio::time::sleep_until(next).await;
-                    // Bounded by the wait: a primary without timeouts
-                    // cannot hold it past `from`.
-                    let _ = tokio::time::timeout_at(from, c.probe_host(&host)).await;
-                    next = after(Instant::now(), ASK_AGAIN);
+                if let Some(c) = crate::limiter::coordination(&**self.primary) {
+                    let mut next = after(now, ASK_AGAIN);
+                    while next < from {
+                        tokio::time::sleep_until(next).await;
+                        // Bounded by the wait: a primary without timeouts
+                        // cannot hold it past `from`.
+                        let _ = tokio::time::timeout_at(from, c.probe_host(&host)).await;
+                        next = after(Instant::now(), ASK_AGAIN);
+                    }
                 }
                 tokio::time::sleep_until(from).await;
                 continue;
