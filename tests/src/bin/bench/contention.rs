@@ -42,7 +42,7 @@ const SENT: [&str; 12] = [
 ];
 
 /// Commands clients sent since the last `CONFIG RESETSTAT`.
-fn sent(server: &RedisServer) -> u64 {
+pub(crate) fn sent(server: &RedisServer) -> u64 {
     server
         .command(&["INFO", "commandstats"])
         .lines()

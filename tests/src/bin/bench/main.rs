@@ -17,6 +17,7 @@ mod redis_cost;
 mod saturation;
 mod scale;
 mod scaling;
+mod shared_hosts;
 
 use std::alloc::System;
 use std::path::PathBuf;
@@ -182,6 +183,9 @@ fn main() {
         }
         if wanted("client_cost") {
             figures.extend(client_cost::run().await);
+        }
+        if wanted("shared_hosts") {
+            figures.extend(shared_hosts::run().await);
         }
         if wanted("contention") {
             figures.extend(contention::run().await);
