@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redislimit::{DomainLimiter, HostKey, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit::{
+    DomainLimiter, HostKey, Limiter, LiveLimiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts,
+};
 use redislimit_tests::RedisServer;
 use serde_json::json;
 
@@ -35,7 +37,7 @@ const THROUGH_REDIS: usize = 300_000;
 const IN_PROCESS: usize = 1_000_000;
 
 /// The fleet's pacing (`fleet.rs`): a gap, a lease cap of 2.
-fn pacing() -> Pacing {
+pub(crate) fn pacing() -> Pacing {
     Pacing::builder()
         .min_delay(Duration::from_millis(230))
         .max_concurrent(2)
@@ -50,7 +52,7 @@ fn own_cpu_secs() -> f64 {
 }
 
 /// redis-server's CPU time so far (s).
-fn server_cpu_secs(server: &RedisServer) -> f64 {
+pub(crate) fn server_cpu_secs(server: &RedisServer) -> f64 {
     let info = server.command(&["INFO", "cpu"]);
     ["used_cpu_user", "used_cpu_sys"]
         .iter()
@@ -68,9 +70,9 @@ fn host(tag: &str, i: usize) -> HostKey {
 
 /// What an admission cost this process: CPU µs, and heap allocations and
 /// reallocations.
-struct Cost {
-    cpu_us: f64,
-    allocations: f64,
+pub(crate) struct Cost {
+    pub(crate) cpu_us: f64,
+    pub(crate) allocations: f64,
 }
 
 /// What this process spends an admission: `n` acquires, each on a fresh
@@ -105,16 +107,23 @@ async fn cost_per_admission(limiter: Arc<dyn Limiter>, tag: &str, n: usize) -> C
     }
 }
 
-pub(crate) async fn run() -> Vec<Figure> {
-    let server = RedisServer::start();
+/// A limiter through `server` in `scope` as the crawl builds it, at the
+/// fleet's pacing, on a pool of its own.
+pub(crate) fn crawl_limiter(server: &RedisServer, scope: &str) -> LiveLimiter {
     let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
-    let redis = RedisLimiter::builder(pool, "client-cost")
+    RedisLimiter::builder(pool, scope)
         .pacing(pacing())
         .cluster_concurrency(2)
         .lease_ttl(Duration::from_secs(10))
         .build()
-        .unwrap();
-    let redis = Arc::new(redis.with_fallback().live());
+        .unwrap()
+        .with_fallback()
+        .live()
+}
+
+pub(crate) async fn run() -> Vec<Figure> {
+    let server = RedisServer::start();
+    let redis = Arc::new(crawl_limiter(&server, "client-cost"));
     // Connected, agreed and registered before the count starts.
     let warm = redis.acquire_host("bench", host("warm", 0), None).await;
     drop(warm.expect("Redis admits"));

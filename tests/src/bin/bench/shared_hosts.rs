@@ -17,35 +17,19 @@
 //! beside it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use redislimit::{DomainLimiter, HostKey, Limiter, Pacing, RedisLimiter, RedisPool, RedisTimeouts};
+use redislimit::{DomainLimiter, HostKey, Limiter};
 use redislimit_tests::RedisServer;
 use serde_json::json;
 
 use crate::Figure;
+use crate::client_cost::{Cost, crawl_limiter, pacing, server_cpu_secs};
 
 const REPLICAS: usize = 6;
 const HOSTS: usize = 2_000;
 
-/// The fleet's pacing (`fleet.rs`): a gap, a lease cap of 2.
-fn pacing() -> Pacing {
-    Pacing::builder()
-        .min_delay(Duration::from_millis(230))
-        .max_concurrent(2)
-        .build()
-        .expect("valid pacing")
-}
-
 fn host(tag: &str, i: usize) -> HostKey {
     HostKey::parse(&format!("http://h{i}.{tag}.shared-hosts.test/")).expect("a valid host")
-}
-
-/// What the admissions cost this process, each: CPU µs, heap allocations
-/// and reallocations.
-struct Cost {
-    cpu_us: f64,
-    allocations: f64,
 }
 
 /// Every limiter acquires once for each host, all at once, each permit
@@ -80,31 +64,15 @@ async fn cost_per_admission(limiters: &[Arc<dyn Limiter>], tag: &str) -> Cost {
 /// redis-server's CPU time so far (s), and the commands its clients sent
 /// (not those the scripts ran).
 fn server_work(server: &RedisServer) -> (f64, f64) {
-    let cpu = server.command(&["INFO", "cpu"]);
-    let used: f64 = ["used_cpu_user", "used_cpu_sys"]
-        .iter()
-        .filter_map(|name| {
-            cpu.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
-        .sum();
-    (used, crate::contention::sent(server) as f64)
+    let sent = crate::contention::sent(server) as f64;
+    (server_cpu_secs(server), sent)
 }
 
 pub(crate) async fn run() -> Vec<Figure> {
     let server = RedisServer::start();
     let mut shared: Vec<Arc<dyn Limiter>> = Vec::new();
     for _ in 0..REPLICAS {
-        let pool = RedisPool::standalone(&server.url(), RedisTimeouts::default()).unwrap();
-        let redis = RedisLimiter::builder(pool, "shared-hosts")
-            .pacing(pacing())
-            .cluster_concurrency(2)
-            .lease_ttl(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        let redis = Arc::new(redis.with_fallback().live());
-        shared.push(redis);
+        shared.push(Arc::new(crawl_limiter(&server, "shared-hosts")));
     }
     // Connected, agreed and registered before the count starts.
     for (i, limiter) in shared.iter().enumerate() {
